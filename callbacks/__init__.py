@@ -1,0 +1,1 @@
+"""Lightning callbacks that run recurlen's diagnostics during validation."""
