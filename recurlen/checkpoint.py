@@ -139,3 +139,49 @@ def save_pretrained(model: Mamba2LM, directory: str, *, dtype: torch.dtype = tor
     # The official files store both tied keys; clone so the two are separate storages in the file.
     state = {k: v.detach().to("cpu", dtype).clone() for k, v in model.state_dict().items()}
     atomic_write(out / WEIGHTS_NAME, lambda p: torch.save(state, p))
+
+
+# ---------------------------------------------------------------------------------------------
+# Any model checkpoint recurlen can evaluate: an official-format directory, a hub id in the cache,
+# or a Lightning checkpoint written by `recurlen finetune` (keys prefixed "model.", with the model
+# config and data facts stored under RUN_META_KEY by the LightningModule).
+RUN_META_KEY = "recurlen"
+
+
+class LoadedModel:
+    """A model plus what is known of how it was trained (None where the source does not say)."""
+
+    def __init__(self, model: Mamba2LM, *, tokenizer: str | None, train_seq_len: int | None, source: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.train_seq_len = train_seq_len
+        self.source = source
+
+
+def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
+    """Load a Lightning run checkpoint (.ckpt, or a run directory with checkpoints/last.ckpt) or a pretrained dir."""
+    from recurlen.model import Mamba2LM
+
+    p = Path(path).expanduser()
+    if p.is_dir() and not (p / CONFIG_NAME).is_file():
+        last = p / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            p = last
+    if p.is_file() and p.suffix == ".ckpt":
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
+        meta = ckpt.get(RUN_META_KEY)
+        if not meta or "model_config" not in meta:
+            raise ValueError(f"{p} is a Lightning checkpoint without recurlen metadata (key {RUN_META_KEY!r}); "
+                             "it was not written by recurlen's LightningModule and has no state API to evaluate")
+        model = Mamba2LM(Mamba2Config.from_dict(meta["model_config"]), backend=backend)
+        prefix = "model."
+        state_dict = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+        load_official_state_dict(model, state_dict, source=str(p))
+        return LoadedModel(model.to(device), tokenizer=meta.get("tokenizer"), train_seq_len=meta.get("train_seq_len"),
+                           source=str(p))
+    directory = resolve_pretrained_dir(str(path))
+    model = load_pretrained(Mamba2LM, str(directory), backend=backend, device=device, dtype=torch.float32)
+    has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
+    official = directory.name.startswith("mamba2-") or "mamba2-" in str(directory)
+    return LoadedModel(model, tokenizer=str(directory) if has_tokenizer else None,
+                       train_seq_len=2048 if official else None, source=str(directory))

@@ -1,0 +1,135 @@
+"""Typed schema of an experiment. Every YAML under experiments/ is merged onto these dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recurlen.config import BACKENDS, PRESETS, Mamba2Config
+from recurlen.data.config import DataConfig
+from recurlen.interventions import INTERVENTIONS, InterventionConfig
+from recurlen.optim import OptimConfig
+
+GROUPS = ("model", "intervention", "data", "trainer")
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", "single_device")
+RESUME = ("auto", "never")
+
+
+@dataclass
+class ModelSection:
+    name: str = "tiny"
+    """A preset name (nano, tiny, small, 130m, 370m, 780m, 1.3b, 2.7b) or 'custom'."""
+    pretrained: str | None = None
+    """Weights to start from: an official directory, a hub id in the local cache, or a recurlen run
+    checkpoint / run directory. None trains from the initialisation given by `arch`."""
+    backend: str = "auto"
+    """'auto' (kernels on CUDA when installed), 'torch', or 'kernel'."""
+    arch: Mamba2Config = field(default_factory=Mamba2Config)
+    """Shape and initialisation; ignored (the checkpoint's config wins) when `pretrained` is set."""
+    default_data: str | None = None
+    """The data group used with this model unless the command line picks one (official models: pile)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in PRESETS and self.name != "custom":
+            raise ValueError(f"model.name={self.name!r} is unknown; allowed: {sorted(PRESETS)} or 'custom'")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"model.backend={self.backend!r} is unknown; allowed: {list(BACKENDS)}")
+
+
+@dataclass
+class TrainerSection:
+    max_steps: int = 500
+    """Optimizer steps (the paper post-trains for 500, ~0.1% of pre-training)."""
+    accumulate_grad_batches: int = 1
+    accelerator: str = "auto"
+    devices: str = "auto"
+    """'auto', a count, or a comma list of ids; per node."""
+    num_nodes: int = 1
+    strategy: str = "auto"
+    """auto, ddp, fsdp, ... (Lightning's names). Each rank owns its lanes and their states."""
+    precision: str = "auto"
+    """'auto' = bf16-mixed on CUDA (fp32 master weights), 32-true elsewhere."""
+    val_every_n_steps: int = 100
+    """Run validation (and the diagnostics callbacks) every this many optimizer steps; 0 = only at the end."""
+    limit_val_batches: int = 8
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int = 100
+    """Keep a step checkpoint every this many steps (plus last.ckpt); 0 = only last.ckpt at the end."""
+    num_threads: int | None = None
+    """torch.set_num_threads on CPU; None leaves torch's default."""
+    progress_bar: bool = True
+    slurm_auto_requeue: bool = True
+    """Under SLURM, requeue the job on the pre-emption signal; it resumes from last.ckpt."""
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "accumulate_grad_batches", "num_nodes", "limit_val_batches", "log_every_n_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1; got {getattr(self, name)}")
+        for name in ("val_every_n_steps", "checkpoint_every_n_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0; got {getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"trainer.precision={self.precision!r} is unknown; allowed: {list(PRECISIONS)}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"trainer.strategy={self.strategy!r} is unknown; allowed: {list(STRATEGIES)}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"trainer.num_threads must be >= 1 or null; got {self.num_threads}")
+
+
+@dataclass
+class DiagnosticsConfig:
+    positionwise: bool = True
+    """Position-wise loss / perplexity (and the reset control) on the long held-out sequences."""
+    state_norm: bool = True
+    """State norm / std by position, per layer."""
+    effrem: bool = False
+    """Effective Remembrance (costly: one suffix run per grid point)."""
+    chunk_len: int | None = None
+    """Evaluation chunk length (state carried between chunks); None = 4 * train length."""
+    bins: str = "multiples"
+    """'multiples' of the training context ([0,T), [T,2T), [2T,4T), ...) or 'log' spaced."""
+    num_sequences: int | None = None
+    """Long sequences to evaluate (None: all the DataModule provides)."""
+    effrem_T_factor: int = 4
+    """EffRem's T as a multiple of the training context (paper: 4x)."""
+    effrem_points: int = 8
+    """Points of the t-grid in [0, T]."""
+    every_n_val: int = 1
+    """Run the diagnostics every n-th validation."""
+
+    def __post_init__(self) -> None:
+        if self.bins not in ("multiples", "log"):
+            raise ValueError(f"diagnostics.bins={self.bins!r} is unknown; allowed: ['multiples', 'log']")
+        for name in ("effrem_T_factor", "effrem_points", "every_n_val"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"diagnostics.{name} must be >= 1; got {getattr(self, name)}")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = ""
+    """Run name; the run directory defaults to runs/<name>."""
+    run_dir: str | None = None
+    """Where checkpoints, TensorBoard logs and the resolved config go (default runs/<name>)."""
+    resume: str = "auto"
+    """'auto' resumes from the newest checkpoint in run_dir, 'never' starts fresh, or a .ckpt path."""
+    seed: int = 0
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    intervention: InterventionConfig = field(default_factory=InterventionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+
+    @property
+    def resolved_run_dir(self) -> str:
+        return self.run_dir or f"runs/{self.name}"
+
+    def validate(self) -> None:
+        """Rules that span sections."""
+        if self.intervention.name == "tbptt" and self.data.layout != "contiguous":
+            raise ValueError("intervention tbptt needs data.layout=contiguous (each lane must continue its stream); "
+                             f"got data.layout={self.data.layout!r}")
+        if self.intervention.name not in INTERVENTIONS:  # pragma: no cover - InterventionConfig already checks
+            raise ValueError(f"unknown intervention {self.intervention.name!r}")

@@ -1,0 +1,192 @@
+"""`recurlen finetune`: build the model, data, module and Trainer from an experiment config and fit.
+
+Run directory (default runs/<name>):
+  config.yaml                 the resolved experiment config (also in every checkpoint's hyperparameters)
+  checkpoints/last.ckpt       newest state; step=NNNNNN.ckpt every trainer.checkpoint_every_n_steps
+  tb/                         TensorBoard event files
+  fitted_noise.pt             fitted-noise statistics (fitted_noise intervention)
+  ranks/rank<r>.json          what each rank trained on (lanes, steps, last loss)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from omegaconf import OmegaConf
+
+from recurlen.checkpoint import atomic_write, load_model
+from recurlen.data.datamodule import RecurlenDataModule
+from recurlen.experiment.schema import ExperimentConfig
+from recurlen.lit_module import RecurlenModule
+from recurlen.model import Mamba2LM
+
+log = logging.getLogger(__name__)
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in str(record.getMessage())
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary sibling and rename it: a crash never leaves a torn file."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(checkpoint, tmp)
+        os.replace(tmp, path)
+
+
+class FinalCheckpoint(Callback):
+    """Save last.ckpt at the end of training even when max_steps is not a multiple of the save interval."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.save_checkpoint(str(self.path), weights_only=False)
+
+
+class RankSummary(Callback):
+    """Each rank records the lanes it trained on: proof that ranks never share a lane."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.lanes: set[int] = set()
+        self.steps = 0
+        self.last_loss: float | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.lanes.update(int(x) for x in batch["lane"].tolist())
+        self.steps += 1
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.last_loss = float(loss.detach()) if loss is not None else None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        summary = {"global_rank": trainer.global_rank, "world_size": trainer.world_size,
+                   "node_rank": trainer.node_rank, "lanes": sorted(self.lanes), "micro_steps": self.steps,
+                   "global_step": trainer.global_step, "last_loss": self.last_loss}
+        path = self.directory / f"rank{trainer.global_rank}.json"
+        atomic_write(path, lambda p: p.write_text(json.dumps(summary, indent=1)))
+
+
+def build_model(cfg: ExperimentConfig) -> Mamba2LM:
+    if cfg.model.pretrained:
+        loaded = load_model(cfg.model.pretrained, backend=cfg.model.backend)
+        rank_zero_info(f"loaded {loaded.source} ({loaded.model.num_parameters() / 1e6:.1f}M parameters)")
+        return loaded.model
+    torch.manual_seed(cfg.seed)  # the same initialisation on every rank
+    return Mamba2LM(cfg.model.arch, backend=cfg.model.backend)
+
+
+def find_resume_checkpoint(resume: str, run_dir: Path) -> str | None:
+    if resume == "never":
+        return None
+    if resume != "auto":
+        if not Path(resume).is_file():
+            raise FileNotFoundError(f"resume={resume!r}: no such checkpoint file (use 'auto', 'never' or a .ckpt path)")
+        return resume
+    candidates = [p for p in (run_dir / "checkpoints").glob("*.ckpt")] + list(run_dir.glob("hpc_ckpt_*.ckpt"))
+    if not candidates:
+        return None
+    return str(max(candidates, key=lambda p: (p.stat().st_mtime, p.name == "last.ckpt")))
+
+
+def _precision(name: str) -> str:
+    if name != "auto":
+        return name
+    return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+
+
+def _devices(value: str):
+    value = str(value)
+    if value == "auto":
+        return "auto"
+    if value.isdigit() or value == "-1":
+        return int(value)
+    return [int(x) for x in value.split(",") if x.strip()]
+
+
+def build_trainer(cfg: ExperimentConfig, run_dir: Path, extra_callbacks: list[Callback]) -> L.Trainer:
+    t = cfg.trainer
+    accum = t.accumulate_grad_batches
+    every_val = t.val_every_n_steps if t.val_every_n_steps > 0 else t.max_steps
+    every_ckpt = t.checkpoint_every_n_steps if t.checkpoint_every_n_steps > 0 else t.max_steps
+    checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step:06d}",
+                                  auto_insert_metric_name=False, every_n_train_steps=every_ckpt, save_top_k=-1,
+                                  save_last=True)
+    callbacks = [checkpoints, FinalCheckpoint(run_dir / "checkpoints" / "last.ckpt"),
+                 RankSummary(run_dir / "ranks"), *extra_callbacks]
+    plugins: list = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=t.slurm_auto_requeue))
+    return L.Trainer(
+        max_steps=t.max_steps, accelerator=t.accelerator, devices=_devices(t.devices), num_nodes=t.num_nodes,
+        strategy=t.strategy, precision=_precision(t.precision), accumulate_grad_batches=accum,
+        gradient_clip_val=cfg.optim.grad_clip or None, val_check_interval=min(every_val, t.max_steps) * accum,
+        check_val_every_n_epoch=None, limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.progress_bar, deterministic=t.deterministic,
+        logger=TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False),
+        callbacks=callbacks, plugins=plugins, use_distributed_sampler=False, default_root_dir=str(run_dir),
+    )
+
+
+@rank_zero_only
+def _save_config(run_dir: Path, resolved: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = OmegaConf.to_yaml(OmegaConf.create(resolved))
+    atomic_write(run_dir / "config.yaml", lambda p: p.write_text(text))
+
+
+def diagnostics_callbacks(cfg: ExperimentConfig) -> list[Callback]:
+    from recurlen.diagnostics import build_callbacks
+
+    return build_callbacks(cfg)
+
+
+def run_finetune(cfg: ExperimentConfig, resolved: dict) -> Path:
+    run_dir = Path(cfg.resolved_run_dir)
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = RecurlenDataModule(cfg.data)
+    model = build_model(cfg)
+    datamodule.check_model_vocab(model.config.vocab_size)
+    module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
+                            train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
+                            total_steps=cfg.trainer.max_steps, hparams=resolved)
+    trainer = build_trainer(cfg, run_dir, diagnostics_callbacks(cfg))
+    ckpt_path = find_resume_checkpoint(cfg.resume, run_dir)
+    if ckpt_path:
+        rank_zero_info(f"resuming from {ckpt_path}")
+    _save_config(run_dir, resolved)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if module.fitted is not None and trainer.is_global_zero:
+        module.fitted.save(str(run_dir / "fitted_noise.pt"))
+    _close_process_group(trainer)
+    return run_dir
+
+
+def _close_process_group(trainer: L.Trainer) -> None:
+    """Leave the process group together: a rank that exits while a peer's gloo/NCCL link is open can abort."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        trainer.strategy.barrier("recurlen-finish")
+        dist.destroy_process_group()

@@ -1,0 +1,244 @@
+"""Post-training end to end through the Lightning Trainer, on the nano model and the embedded corpus."""
+
+import json
+
+import lightning as L
+import pytest
+import torch
+
+from recurlen.checkpoint import RUN_META_KEY
+from recurlen.experiment.compose import load_experiment
+from recurlen.interventions import INTERVENTIONS, FittedNoiseStats
+from recurlen.lit_module import RecurlenModule
+from recurlen.state import RecurrentState
+from recurlen.train import run_finetune
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("corpus-cache"))
+
+
+def experiment(run_dir, cache_dir, *overrides):
+    base = ["model=nano", "data.seq_len=16", "data.batch_size=4", "data.val_length=64", "data.val_sequences=2",
+            "data.val_segments=8", f"data.cache_dir={cache_dir}", "data.max_documents=60", "data.val_fraction=0.2",
+            "trainer.max_steps=4", "trainer.val_every_n_steps=2", "trainer.limit_val_batches=2",
+            "trainer.progress_bar=false", "trainer.accelerator=cpu", "trainer.devices=1",
+            "trainer.log_every_n_steps=1", "optim.warmup_steps=1", "optim.lr=1e-3",
+            "diagnostics.positionwise=false", "diagnostics.state_norm=false", f"run_dir={run_dir}"]
+    return load_experiment(base + list(overrides))
+
+
+class Recorder(L.Callback):
+    """Initial and final states and the loss of every training step."""
+
+    def __init__(self):
+        self.inits, self.finals, self.losses, self.batches = [], [], [], []
+
+    def on_train_start(self, trainer, pl_module):
+        model, recorder = pl_module.model, self
+        original = model.forward_hidden
+
+        def spy(input_ids, state=None, **kw):
+            hidden, final = original(input_ids, state, **kw)
+            if model.training:
+                recorder.inits.append(None if state is None else state.detach().clone())
+                recorder.finals.append(final.detach().clone())
+            return hidden, final
+
+        model.forward_hidden = spy
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+        self.batches.append({k: v.clone() for k, v in batch.items()})
+
+
+def fit(cfg, resolved, monkeypatch, callbacks=()):
+    """run_finetune with extra callbacks injected (the product path, plus observers)."""
+    import recurlen.train as train
+
+    monkeypatch.setattr(train, "diagnostics_callbacks", lambda cfg: list(callbacks))
+    return run_finetune(cfg, resolved)
+
+
+@pytest.mark.parametrize("name", INTERVENTIONS)
+def test_each_intervention_trains_end_to_end(tmp_path, cache_dir, monkeypatch, name):
+    cfg, resolved = experiment(tmp_path / "run", cache_dir, f"intervention={name}")
+    rec = Recorder()
+    run_dir = fit(cfg, resolved, monkeypatch, [rec])
+    assert len(rec.losses) == 4 and all(torch.isfinite(torch.tensor(rec.losses)))
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    meta = ckpt[RUN_META_KEY]
+    assert ckpt["global_step"] == 4 and meta["intervention"] == name
+    assert ckpt["hyper_parameters"]["intervention"]["name"] == name
+    assert (run_dir / "config.yaml").read_text().count(f"name: {name}") == 1
+    first = rec.inits[0]
+    if name in ("none",):
+        assert all(s.ssm.abs().sum() == 0 for s in rec.inits)
+    if name in ("random_noise", "fitted_noise"):
+        assert first.ssm.abs().sum() > 0 and first.conv.abs().sum() == 0
+        assert not torch.equal(rec.inits[0].ssm, rec.inits[1].ssm)  # fresh noise every step
+    if name == "fitted_noise":
+        assert meta["fitted_noise"]["mean_KH"].shape == (2, 8)
+        assert (run_dir / "fitted_noise.pt").is_file()
+    if name in ("state_passing", "tbptt"):
+        assert meta["carried"]["ssm"].shape == (2, 4, 8, 16, 16)
+        assert torch.equal(meta["carried"]["lanes"], torch.arange(4))
+    else:
+        assert meta["carried"] is None
+
+
+@pytest.mark.parametrize("name", ["state_passing", "tbptt"])
+def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, cache_dir, monkeypatch, name):
+    cfg, resolved = experiment(tmp_path / "run", cache_dir, f"intervention={name}", "intervention.reset_prob=0.25",
+                               "trainer.max_steps=6")
+    rec = Recorder()
+    fit(cfg, resolved, monkeypatch, [rec])
+    assert rec.inits[0].ssm.abs().sum() == 0  # nothing to carry at step 0
+    resets = 0
+    for k in range(1, 6):
+        prev, init = rec.finals[k - 1], rec.inits[k]
+        for lane in range(4):
+            if init.ssm[:, lane].abs().sum() == 0:  # a reset lane (reset_prob)
+                resets += 1
+                continue
+            assert torch.equal(init.ssm[:, lane], prev.ssm[:, lane])
+            if name == "tbptt":  # pass_conv: the whole state continues
+                assert torch.equal(init.conv[:, lane], prev.conv[:, lane])
+            else:  # the paper's state passing carries the SSM state only
+                assert init.conv[:, lane].abs().sum() == 0
+    assert 0 < resets < 20  # reset_prob 0.25 over 20 lane-steps
+
+
+def test_tbptt_lanes_continue_exactly(tmp_path, cache_dir, monkeypatch):
+    """Carried state after 2 steps of 16 tokens == the state after one 32-token forward (frozen weights)."""
+    cfg, resolved = experiment(tmp_path / "run", cache_dir, "intervention=tbptt", "intervention.reset_prob=0",
+                               "trainer.max_steps=2", "optim.lr=1e-30", "optim.weight_decay=0", "optim.grad_clip=0")
+    rec = Recorder()
+    fit(cfg, resolved, monkeypatch, [rec])
+    b0, b1 = rec.batches
+    assert torch.equal(b0["lane"], b1["lane"]) and torch.equal(b0["input_ids"][:, 1:], b0["targets"][:, :-1])
+    assert torch.equal(b1["input_ids"][:, 0], b0["targets"][:, -1])  # lane k+1 starts where k ended
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    module_model = __import__("recurlen.checkpoint", fromlist=["load_model"]).load_model(
+        str(tmp_path / "run" / "checkpoints" / "last.ckpt")).model
+    with torch.no_grad():
+        _, state = module_model.forward_hidden(torch.cat([b0["input_ids"], b1["input_ids"]], dim=1))
+    carried = ckpt[RUN_META_KEY]["carried"]
+    torch.testing.assert_close(carried["ssm"], state.ssm, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(carried["conv"], state.conv, rtol=1e-5, atol=1e-6)
+
+
+def test_fitted_noise_statistics_match_the_fitting_data(tmp_path, cache_dir):
+    from recurlen.data.datamodule import RecurlenDataModule
+    from recurlen.train import build_model
+
+    cfg, _ = experiment(tmp_path / "run", cache_dir, "intervention=fitted_noise", "intervention.fit_batches=3")
+    dm = RecurlenDataModule(cfg.data)
+    dm.setup("fit")
+    model = build_model(cfg)
+    module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=0, train_seq_len=16,
+                            tokenizer="bytes", total_steps=1)
+    stats = module.fit_noise((dm.train_batch(s) for s in range(3)), num_batches=3)
+    finals = [model.forward_hidden(dm.train_batch(s)["input_ids"])[1].ssm for s in range(3)]
+    ssm = torch.cat(finals, dim=1)  # (K, 12, H, P, N)
+    assert stats.mean_KH.shape == (2, 8) and stats.num_states == 12
+    torch.testing.assert_close(stats.mean_KH, ssm.mean(dim=(1, 3, 4)), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(stats.std_KH, ssm.std(dim=(1, 3, 4), unbiased=False), rtol=1e-3, atol=1e-6)
+    with pytest.raises(ValueError, match=r"fitted-noise mean has shape \(3, 8\); this model needs \(2, 8\)"):
+        module.set_fitted_noise(FittedNoiseStats(torch.zeros(3, 8), torch.ones(3, 8)))
+    with pytest.raises(FileNotFoundError, match="fitted-noise statistics file"):
+        FittedNoiseStats.load(str(tmp_path / "absent.pt"))
+
+
+class CrashAfter(L.Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt("simulated kill")
+
+
+@pytest.mark.parametrize("name", ["tbptt", "state_passing", "fitted_noise"])
+def test_resume_after_kill_is_exact(tmp_path, cache_dir, monkeypatch, name):
+    common = [f"intervention={name}", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=3",
+              "trainer.val_every_n_steps=3", "intervention.reset_prob=0.3"]
+    cfg, resolved = experiment(tmp_path / "full", cache_dir, *common)
+    full = Recorder()
+    fit(cfg, resolved, monkeypatch, [full])
+
+    cfg, resolved = experiment(tmp_path / "killed", cache_dir, *common)
+    first = Recorder()
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        fit(cfg, resolved, monkeypatch, [first, CrashAfter(3)])
+    assert (tmp_path / "killed" / "checkpoints" / "step=000003.ckpt").is_file()
+    cfg, resolved = experiment(tmp_path / "killed", cache_dir, *common)  # resume=auto
+    second = Recorder()
+    fit(cfg, resolved, monkeypatch, [second])
+
+    assert first.losses == full.losses[:3]
+    assert second.losses == full.losses[3:], (second.losses, full.losses)
+    for got, want in zip(first.batches + second.batches, full.batches):
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    a = torch.load(tmp_path / "full" / "checkpoints" / "last.ckpt", weights_only=True)
+    b = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    if a[RUN_META_KEY]["carried"] is not None:
+        assert torch.equal(a[RUN_META_KEY]["carried"]["ssm"], b[RUN_META_KEY]["carried"]["ssm"])
+        assert torch.equal(a[RUN_META_KEY]["carried"]["conv"], b[RUN_META_KEY]["carried"]["conv"])
+
+
+def test_resume_with_other_world_size_warns_and_resets():
+    from recurlen import Mamba2LM, preset
+    from recurlen.interventions import InterventionConfig
+    from recurlen.optim import OptimConfig
+
+    module = RecurlenModule(Mamba2LM(preset("nano")), intervention=InterventionConfig(name="tbptt"),
+                            optim=OptimConfig(), seed=0, train_seq_len=16, tokenizer="bytes", total_steps=1)
+    zero = module.model.zero_state(8)
+    ckpt = {RUN_META_KEY: {"carried": {"ssm": zero.ssm, "conv": zero.conv, "lanes": torch.arange(8),
+                                       "world_size": 2}, "fitted_noise": None}}
+    with pytest.warns(UserWarning, match="world size 2 but this run has 1; lanes cannot be mapped"):
+        module.on_load_checkpoint(ckpt)
+    assert module.carried is None
+    ckpt[RUN_META_KEY]["carried"]["world_size"] = 1
+    module.on_load_checkpoint(ckpt)
+    assert isinstance(module.carried, RecurrentState) and module.carried.batch_size == 8
+
+
+class PoisonAt(L.Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                pl_module.model.backbone.norm_f.weight.fill_(float("nan"))
+
+
+def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, cache_dir, monkeypatch):
+    cfg, resolved = experiment(tmp_path / "run", cache_dir, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2")
+    with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at global step 3"):
+        fit(cfg, resolved, monkeypatch, [PoisonAt(3)])
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 2
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+
+
+def test_rank_summary_and_tensorboard_scalars(tmp_path, cache_dir, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg, resolved = experiment(tmp_path / "run", cache_dir, "intervention=state_passing")
+    run_dir = fit(cfg, resolved, monkeypatch)
+    summary = json.loads((run_dir / "ranks" / "rank0.json").read_text())
+    assert summary["lanes"] == [0, 1, 2, 3] and summary["global_step"] == 4
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/final_state_rms",
+            "val/loss"} <= tags
+    lrs = [e.value for e in acc.Scalars("train/lr")]
+    assert lrs[0] == pytest.approx(1e-3)  # one warmup step, then cosine down
+    assert lrs[-1] < lrs[0]
