@@ -1,46 +1,79 @@
 # recurlen: `make help` lists the targets.
 SHELL := /bin/bash
-PY ?= .venv/bin/python
-VENV_PY := .venv/bin/python
+VENV := .venv
+PY := $(VENV)/bin/python
 # CPU wheel pinned here (pyproject keeps a range) so a CPU machine never pulls a multi-GB CUDA build.
+# On a GPU machine: make install EXTRAS=dev,cuda TORCH_CPU=torch
 TORCH_CPU ?= torch==2.13.0
 EXTRAS ?= dev
+STAMP := $(VENV)/.installed
 
+OFFICIAL := 130m 370m 780m 1.3b 2.7b
 MODEL ?= tiny
 INTERVENTION ?= tbptt
-EXPERIMENT ?= finetune
 DATA ?=
 STEPS ?=
 GPUS ?=
 NODES ?=
+STRATEGY ?=
+RUN ?=
+RUNS ?= runs/demo/pretrain runs/demo/post/none runs/demo/post/state_passing runs/demo/post/tbptt
+OUT ?= runs/eval
 ARGS ?=
+
+# make finetune VAR=... -> recurlen finetune overrides (only the ones given).
+FINETUNE_ARGS := model=$(MODEL) intervention=$(INTERVENTION) \
+	$(if $(DATA),data=$(DATA)) $(if $(STEPS),trainer.max_steps=$(STEPS)) \
+	$(if $(GPUS),trainer.accelerator=gpu trainer.devices=$(GPUS)) $(if $(NODES),trainer.num_nodes=$(NODES)) \
+	$(if $(or $(GPUS),$(NODES)),trainer.strategy=$(or $(STRATEGY),ddp)) $(if $(RUN),run_dir=$(RUN)) $(ARGS)
 
 .DEFAULT_GOAL := help
 
 help: ## list the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  variables: MODEL=$(MODEL) INTERVENTION=$(INTERVENTION) DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS='a.b=c'"
 
-.venv/bin/python:
-	python3 -m venv .venv
-	$(VENV_PY) -m pip install -q --upgrade pip
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_CPU)"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $(STAMP)
 
-install: .venv/bin/python ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
-	$(VENV_PY) -m pip install -q "$(TORCH_CPU)"
-	$(VENV_PY) -m pip install -q -e ".[$(EXTRAS)]"
+install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
 
-test: ## run the default (CPU) test suite
+demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md
+	$(PY) -m recurlen.cli demo $(ARGS)
+
+test: $(STAMP) ## run the default (CPU) test suite
 	$(PY) -m pytest -q
 
-test-slow: ## run the slow tests too
+test-slow: $(STAMP) ## run the slow tests too
 	$(PY) -m pytest -q -m "slow or not slow"
 
-test-gpu: ## run the GPU kernel tests (needs CUDA + recurlen[cuda])
+test-gpu: $(STAMP) ## the GPU kernel tests (needs CUDA + recurlen[cuda])
 	$(PY) -m pytest -q -m gpu tests/test_gpu_kernels.py
 
-lint: ## ruff over the whole project
+lint: $(STAMP) ## ruff over the whole project
 	$(PY) -m ruff check recurlen callbacks tests benchmarks
 
-demo-generate: ## tiny forward/generation demo on an untrained model (smoke check)
-	$(PY) -m recurlen.cli generate --model $(MODEL) --prompt "def main(" --max-new-tokens 32
+finetune: $(STAMP) ## post-train: MODEL= INTERVENTION= [DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS=]
+	$(PY) -m recurlen.cli finetune $(FINETUNE_ARGS)
 
-.PHONY: help install test test-slow test-gpu lint demo-generate
+fit-noise: $(STAMP) ## fit fitted-noise statistics: MODEL= [DATA= ARGS=]
+	$(PY) -m recurlen.cli fit-noise model=$(MODEL) intervention=fitted_noise $(if $(DATA),data=$(DATA)) $(ARGS)
+
+eval: $(STAMP) ## evaluate RUNS="dir dir ..." to OUT= (position-wise, reset control, state norms, EffRem)
+	$(PY) -m recurlen.cli eval $(RUNS) --out $(OUT) $(ARGS)
+	$(PY) -m recurlen.cli report $(OUT) --out $(OUT)
+
+tensorboard: $(STAMP) ## TensorBoard over every run under runs/
+	$(VENV)/bin/tensorboard --logdir runs
+
+generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) or ARGS='--checkpoint runs/x'
+	$(PY) -m recurlen.cli generate $(if $(ARGS),$(ARGS),--model $(MODEL))
+
+bench: $(STAMP) ## run the benchmark scripts (quick settings)
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
+
+.PHONY: help install demo test test-slow test-gpu lint finetune fit-noise eval tensorboard generate bench

@@ -4,6 +4,9 @@
   recurlen config   [same overrides]                                       print the resolved config
   recurlen fit-noise [same overrides] [--out FILE]                         fit the fitted-noise statistics
   recurlen generate --model PRESET|--checkpoint PATH --prompt TEXT         greedy continuation
+  recurlen eval [label=]CKPT ... [--data GROUP] [--out DIR] [key=value ...]   long-context evaluation
+  recurlen report RESULTS.json ... --out DIR                               report.md + plots
+  recurlen demo [key=value ...]                                            the CPU demo (make demo)
 """
 
 from __future__ import annotations
@@ -113,12 +116,24 @@ def cmd_generate(argv: list[str]) -> int:
     return 0
 
 
+def _lazy(module: str, name: str):
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(argv)
+
+    return run
+
+
 COMMANDS = {
     "finetune": (cmd_finetune, "post-train (or pre-train) a model with an initial-state intervention"),
     "train": (cmd_finetune, "alias of finetune"),
     "config": (cmd_config, "print the resolved experiment config"),
     "fit-noise": (cmd_fit_noise, "fit the fitted-noise statistics on training batches"),
     "generate": (cmd_generate, "greedy continuation from a prompt"),
+    "eval": (_lazy("recurlen.eval_cli", "cmd_eval"), "position-wise loss, reset control, state norms, EffRem"),
+    "report": (_lazy("recurlen.eval_cli", "cmd_report"), "Markdown report + plots from results.json files"),
+    "demo": (_lazy("recurlen.eval_cli", "cmd_demo"), "the CPU demo: failure past T and its fix, with a report"),
 }
 
 

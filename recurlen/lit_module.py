@@ -30,6 +30,16 @@ from recurlen.state import RecurrentState
 log = logging.getLogger(__name__)
 
 
+def token_loss(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, mask_BL: torch.Tensor | None) -> torch.Tensor:
+    """Mean cross-entropy over the scored tokens (all, or those where the batch's loss_mask is True)."""
+    nll = F.cross_entropy(logits_BLV.float().reshape(-1, logits_BLV.shape[-1]), targets_BL.reshape(-1),
+                          reduction="none")
+    if mask_BL is None:
+        return nll.mean()
+    mask = mask_BL.reshape(-1).to(nll.dtype)
+    return (nll * mask).sum() / mask.sum().clamp_min(1.0)
+
+
 class RecurlenModule(L.LightningModule):
     def __init__(self, model: Mamba2LM, *, intervention: InterventionConfig, optim: OptimConfig, seed: int,
                  train_seq_len: int, tokenizer: str, total_steps: int, hparams: dict | None = None) -> None:
@@ -109,8 +119,7 @@ class RecurlenModule(L.LightningModule):
         input_ids, targets = batch["input_ids"], batch["targets"]
         init = self._initial_state(batch)
         hidden, final = self.model.forward_hidden(input_ids, init)
-        logits = self.model.logits_from_hidden(hidden)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = token_loss(self.model.logits_from_hidden(hidden), targets, batch.get("loss_mask"))
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"non-finite training loss ({loss.item()}) at global step {self.global_step} (micro-step "
@@ -143,7 +152,7 @@ class RecurlenModule(L.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         logits, _ = self.model(batch["input_ids"])  # in-context loss from a zero state
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1))
+        loss = token_loss(logits, batch["targets"], batch.get("loss_mask"))
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch["input_ids"].shape[0])
         return loss
 

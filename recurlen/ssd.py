@@ -58,6 +58,8 @@ def ssd_chunked(
     B = _heads_from_groups(up(B_BLGN), nheads)
     C = _heads_from_groups(up(C_BLGN), nheads)
 
+    # A chunk longer than the input only adds padded work; the result does not depend on the chunk size.
+    chunk_size = max(1, min(chunk_size, length))
     # Pad the end only: padded steps have dt = 0, i.e. decay 1 and no input, so they leave the
     # final state untouched and their outputs are cut off below.
     pad = (-length) % chunk_size

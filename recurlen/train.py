@@ -86,6 +86,15 @@ class RankSummary(Callback):
         atomic_write(path, lambda p: p.write_text(json.dumps(summary, indent=1)))
 
 
+def build_datamodule(cfg: ExperimentConfig) -> L.LightningDataModule:
+    """The corpus DataModule, or a task's (passkey / babilong / copying) when `task.name` is set."""
+    if cfg.task.name:
+        from recurlen.tasks.datamodules import build_task_datamodule
+
+        return build_task_datamodule(cfg)
+    return RecurlenDataModule(cfg.data)
+
+
 def build_model(cfg: ExperimentConfig) -> Mamba2LM:
     if cfg.model.pretrained:
         loaded = load_model(cfg.model.pretrained, backend=cfg.model.backend)
@@ -165,7 +174,7 @@ def run_finetune(cfg: ExperimentConfig, resolved: dict) -> Path:
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule = RecurlenDataModule(cfg.data)
+    datamodule = build_datamodule(cfg)
     model = build_model(cfg)
     datamodule.check_model_vocab(model.config.vocab_size)
     module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,

@@ -9,11 +9,23 @@ from recurlen.experiment.compose import available, compose, load_experiment, to_
 from recurlen.experiment.schema import GROUPS
 
 
-@pytest.mark.parametrize("experiment", available())
+@pytest.mark.parametrize("experiment", available(pipelines=False))
 def test_every_experiment_composes(experiment):
     cfg, resolved = load_experiment([f"experiment={experiment}"])
     assert resolved["name"]
     assert cfg.trainer.max_steps >= 1
+
+
+def test_pipelines_load_and_refuse_single_run_composition():
+    from recurlen.demo import load_demo_config
+
+    assert set(available()) - set(available(pipelines=False)) == {"demo"}
+    demo = load_demo_config(["eval.num_sequences=8"])
+    assert demo.eval.num_sequences == 8 and len(demo.interventions) == 5
+    with pytest.raises(ValueError, match="is a pipeline of several runs; run it with `recurlen demo`"):
+        compose(["experiment=demo"])
+    with pytest.raises(ValueError, match="bad demo config"):
+        load_demo_config(["eval.lenght=3"])
 
 
 @pytest.mark.parametrize("group", GROUPS)

@@ -34,10 +34,13 @@ def experiments_dir() -> Path:
                             "run from the repository root or set RECURLEN_EXPERIMENTS")
 
 
-def available(group: str | None = None, *, root: Path | None = None) -> list[str]:
+def available(group: str | None = None, *, root: Path | None = None, pipelines: bool = True) -> list[str]:
     root = root or experiments_dir()
     folder = root if group is None else root / group
-    return sorted(p.stem for p in folder.glob("*.yaml"))
+    names = sorted(p.stem for p in folder.glob("*.yaml"))
+    if group is None and not pipelines:
+        names = [n for n in names if "pipeline" not in _load_yaml(folder / f"{n}.yaml")]
+    return names
 
 
 def _load_yaml(path: Path) -> DictConfig:
@@ -82,6 +85,9 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
     if not exp_path.is_file():
         raise ValueError(f"unknown experiment {experiment!r}; allowed: {available(root=root)}")
     exp = _load_yaml(exp_path)
+    if "pipeline" in exp:
+        raise ValueError(f"experiments/{experiment}.yaml is a pipeline of several runs; run it with "
+                         f"`recurlen {exp.pipeline}` (make {exp.pipeline})")
     defaults = exp.pop("defaults", None) or {}
     if not isinstance(defaults, DictConfig):
         raise ValueError(f"{exp_path}: 'defaults' must be a mapping group -> choice, e.g. {{model: tiny}}")

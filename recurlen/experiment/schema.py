@@ -8,6 +8,7 @@ from recurlen.config import BACKENDS, PRESETS, Mamba2Config
 from recurlen.data.config import DataConfig
 from recurlen.interventions import INTERVENTIONS, InterventionConfig
 from recurlen.optim import OptimConfig
+from recurlen.tasks.config import TaskConfig
 
 GROUPS = ("model", "intervention", "data", "trainer")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
@@ -121,6 +122,7 @@ class ExperimentConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerSection = field(default_factory=TrainerSection)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
 
     @property
     def resolved_run_dir(self) -> str:

@@ -1,0 +1,111 @@
+"""Position-wise perplexity of held-out long sequences during validation, with the reset control.
+
+Logs `{prefix}/loss@[kT,2kT)`, `{prefix}/ppl@[kT,2kT)` and `{prefix}/full_minus_reset@[kT,2kT)` for the
+bins [0,T), [T,2T), [2T,4T), ... (T = the training context; with bins="log" the log-spaced bins,
+named in tokens, e.g. `{prefix}/ppl@[128,256)`), and two figures (perplexity by position over the
+log-spaced bins, full - reset) under `{prefix}/figures/`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import lightning.pytorch as pl
+import torch
+
+from callbacks._common import (
+    DiagnosticCallback,
+    held_out_sequences,
+    log_figures,
+    rank_share,
+    resolve_chunk_len,
+    resolve_model,
+    resolve_train_len,
+    synced_sums,
+)
+from recurlen.eval.bins import bin_summary, bin_sums, context_bins, log_bins
+from recurlen.eval.plots import plot_full_minus_reset, plot_positionwise
+from recurlen.eval.positionwise import POSITION_CONVENTION, evaluate_positionwise
+
+SCALAR_BINS = ("multiples", "log")
+
+
+class PositionwisePerplexity(DiagnosticCallback):
+    """Loss / perplexity by position, beyond the training context, summed over ranks."""
+
+    def __init__(self, *, seq_len: int | None = None, num_sequences: int | None = None, train_len: int | None = None,
+                 bins: str = "multiples", log_bins: int = 16, reset_control: bool = True,
+                 chunk_len: int | None = None, batch_size: int = 4, sequences: torch.Tensor | None = None,
+                 bf16: bool = False, every_n_val_epochs: int = 1, log_figures: bool = True,
+                 prefix: str = "val") -> None:
+        """seq_len: L (default: the held-out sequences' length); train_len: T (default pl_module.train_seq_len);
+        bins: which bins get scalars, "multiples" of T or "log" (the figures always use the log bins);
+        log_bins: number of log-spaced bins; chunk_len: tokens per call (default 4 x T);
+        sequences: held-out ids (num, >= L) instead of trainer.datamodule.long_validation_sequences()."""
+        super().__init__(every_n_val_epochs=every_n_val_epochs, log_figures=log_figures, prefix=prefix)
+        if bins not in SCALAR_BINS:
+            raise ValueError(f"bins={bins!r} is unknown; allowed: {list(SCALAR_BINS)}")
+        if log_bins < 0 or (bins == "log" and log_bins == 0):
+            raise ValueError(f"log_bins must be >= 0 (>= 1 with bins='log'); got {log_bins}")
+        self.bins = bins
+        self.seq_len = seq_len
+        self.num_sequences = num_sequences
+        self.train_len = train_len
+        self.num_log_bins = log_bins
+        self.reset_control = reset_control
+        self.chunk_len = chunk_len
+        self.batch_size = batch_size
+        self.sequences = sequences
+        self.bf16 = bf16
+
+    def layout(self) -> tuple[str, dict[str, list[str]]]:
+        p = re.escape(self.prefix)
+        charts = {"perplexity by position bin": [rf"^{p}/ppl@"], "loss by position bin": [rf"^{p}/loss@"]}
+        if self.reset_control:
+            charts["full - reset every T (> 0: longer context hurts)"] = [rf"^{p}/full_minus_reset@"]
+        return "recurlen: perplexity by position", charts
+
+    def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        model = resolve_model(pl_module)
+        train_len = resolve_train_len(pl_module, self.train_len)
+        chunk_len = resolve_chunk_len(self.chunk_len, train_len)
+        seqs_NL = held_out_sequences(trainer, self.sequences, length=self.seq_len, num=self.num_sequences,
+                                     what="PositionwisePerplexity")
+        seq_len = seqs_NL.shape[1]
+        if seq_len <= train_len:
+            raise ValueError(f"PositionwisePerplexity: seq_len={seq_len} must be larger than the training context "
+                             f"train_len={train_len}")
+        ctx_bins = context_bins(train_len, seq_len - 1)
+        fine_bins = log_bins(seq_len - 1, self.num_log_bins) if self.num_log_bins else []
+        bins = ctx_bins + fine_bins
+        names = ("nll", "count", "reset") if self.reset_control else ("nll", "count")
+        local = {name: torch.zeros(len(bins), dtype=torch.float64) for name in names}
+        share_NL = rank_share(seqs_NL, trainer)
+        if share_NL.shape[0]:
+            res = evaluate_positionwise(model, share_NL, train_len=train_len, chunk_len=chunk_len,
+                                        batch_size=self.batch_size, reset_control=self.reset_control,
+                                        state_stats=False, bf16=self.bf16)
+            local["nll"] = bin_sums(res.nll_sum_P, bins)
+            local["count"] = bin_sums(res.count_P(), bins)
+            if self.reset_control:
+                local["reset"] = bin_sums(res.reset_nll_sum_P, bins)
+        totals = synced_sums(pl_module, local)
+        rows = bin_summary(bins, totals["nll"], totals["count"], totals.get("reset"))
+        ctx_rows, fine_rows = rows[:len(ctx_bins)], rows[len(ctx_bins):]
+        scalars = {}
+        for row in ctx_rows if self.bins == "multiples" else fine_rows:
+            scalars[f"{self.prefix}/loss@{row['name']}"] = row["loss"]
+            scalars[f"{self.prefix}/ppl@{row['name']}"] = row["ppl"]
+            if self.reset_control:
+                scalars[f"{self.prefix}/full_minus_reset@{row['name']}"] = row["full_minus_reset"]
+        self.log_scalars(pl_module, scalars)
+        self.last_results = {
+            "label": f"step {trainer.global_step}", "train_len": train_len, "seq_len": seq_len,
+            "positionwise": {"train_len": train_len, "seq_len": seq_len, "num_sequences": seqs_NL.shape[0],
+                             "convention": POSITION_CONVENTION, "bins": ctx_rows, "log_bins": fine_rows},
+        }
+        if self.log_figures:
+            figures = {f"{self.prefix}/figures/ppl_by_position": plot_positionwise([self.last_results])}
+            if self.reset_control:
+                figures[f"{self.prefix}/figures/full_minus_reset"] = plot_full_minus_reset([self.last_results])
+            log_figures(trainer, figures)

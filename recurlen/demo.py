@@ -1,0 +1,192 @@
+"""`recurlen demo` (make demo): the paper's phenomenon and its fix, end to end, on a CPU.
+
+Stages, each an ordinary recurlen run (the same LightningModule, DataModule and callbacks as on GPUs):
+  1. pretrain         tiny Mamba-2 from zero states at T = 32 on the embedded corpus      runs/demo/pretrain
+  2. post/<name>      the base post-trained briefly with each intervention, the same budget  runs/demo/post/<name>
+  3. eval             position-wise loss to 32T, the reset control, state norms, EffRem   runs/demo/eval
+  4. report           report.md + results.json + PNGs                                       runs/demo
+Post-trainings run `parallel` at a time with `threads_per_run` threads each. A finished stage (its
+done marker matches the stage's arguments) is reused when the demo runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from tqdm import tqdm
+
+from recurlen.checkpoint import atomic_write
+from recurlen.experiment.compose import experiments_dir
+from recurlen.interventions import INTERVENTIONS
+
+log = logging.getLogger(__name__)
+
+DONE_MARKER = "stage_done.json"
+
+
+@dataclass
+class DemoEval:
+    length: int = 1024
+    """Tokens per held-out sequence (32 x the training context T = 32)."""
+    num_sequences: int = 64
+    """Held-out sequences for the position-wise loss, the reset control and the state norms."""
+    effrem: bool = True
+    effrem_sequences: int = 16
+    effrem_points: int = 9
+    chunk_len: int = 256
+    batch_size: int = 16
+
+
+@dataclass
+class DemoConfig:
+    pipeline: str = "demo"
+    """Marks experiments/demo.yaml as a pipeline (run by `recurlen demo`), not a single training run."""
+    run_root: str = "runs/demo"
+    parallel: int = 2
+    """Post-trainings run at the same time (one per core)."""
+    threads_per_run: int = 1
+    pretrain_experiment: str = "demo-pretrain"
+    pretrain_steps: int | None = None
+    """None: the pretrain experiment's trainer.max_steps."""
+    posttrain_experiment: str = "demo-posttrain"
+    posttrain_steps: int | None = None
+    interventions: list[str] = field(default_factory=lambda: list(INTERVENTIONS))
+    overrides: list[str] = field(default_factory=list)
+    """Extra overrides given to every training stage (e.g. data.max_documents=100 for a quick run)."""
+    eval: DemoEval = field(default_factory=DemoEval)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.interventions) - set(INTERVENTIONS))
+        if unknown:
+            raise ValueError(f"demo interventions {unknown} are unknown; allowed: {list(INTERVENTIONS)}")
+        if self.parallel < 1 or self.threads_per_run < 1:
+            raise ValueError("demo parallel and threads_per_run must be >= 1")
+
+
+def load_demo_config(args: list[str]) -> DemoConfig:
+    path = experiments_dir() / "demo.yaml"
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(DemoConfig), OmegaConf.load(path), OmegaConf.from_dotlist(args))
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"bad demo config: {str(err).splitlines()[0]} ({getattr(err, 'full_key', '')})") from err
+
+
+def _stage_done(run_dir: Path, args: list[str]) -> bool:
+    marker = run_dir / DONE_MARKER
+    return marker.is_file() and json.loads(marker.read_text()).get("args") == args
+
+
+def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int) -> dict:
+    """One training run in a subprocess (its own threads and log); skipped when already done."""
+    if _stage_done(run_dir, args):
+        return {"stage": name, "reused": True, "seconds": 0.0}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "recurlen.cli", "finetune", *args, f"trainer.num_threads={threads}"]
+    start = time.perf_counter()
+    with open(run_dir / "train.log", "w") as logfile:
+        proc = subprocess.run(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (run_dir / "train.log").read_text()[-2000:]
+        raise RuntimeError(f"demo stage {name} failed (exit {proc.returncode}); log {run_dir / 'train.log'}:\n{tail}")
+    atomic_write(run_dir / DONE_MARKER, lambda p: p.write_text(json.dumps({"args": args, "seconds": seconds})))
+    return {"stage": name, "reused": False, "seconds": seconds}
+
+
+def _stage_args(cfg: DemoConfig, experiment: str, run_dir: Path, steps: int | None, extra: list[str]) -> list[str]:
+    args = [f"experiment={experiment}", f"run_dir={run_dir}", "trainer.progress_bar=false", *cfg.overrides, *extra]
+    if steps is not None:
+        args.append(f"trainer.max_steps={steps}")
+    return args
+
+
+def run_demo(cfg: DemoConfig) -> Path:
+    root = Path(cfg.run_root)
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write(root / "demo_config.yaml", lambda p: p.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg))))
+    total_threads = cfg.parallel * cfg.threads_per_run
+    timings: list[dict] = []
+    t0 = time.perf_counter()
+
+    _prepare_corpus(cfg)  # once, before parallel stages would race to build the same cache
+    stages = tqdm(total=2 + len(cfg.interventions), desc="demo", unit="stage", dynamic_ncols=True)
+    stages.set_postfix_str("pretrain")
+    pretrain_dir = root / "pretrain"
+    timings.append(run_stage("pretrain", pretrain_dir,
+                             _stage_args(cfg, cfg.pretrain_experiment, pretrain_dir, cfg.pretrain_steps, []),
+                             threads=total_threads))
+    stages.update(1)
+
+    base = pretrain_dir / "checkpoints" / "last.ckpt"
+
+    def post(name: str) -> dict:
+        run_dir = root / "post" / name
+        args = _stage_args(cfg, cfg.posttrain_experiment, run_dir, cfg.posttrain_steps,
+                           [f"intervention={name}", f"model.pretrained={base}"])
+        result = run_stage(f"post/{name}", run_dir, args, threads=cfg.threads_per_run)
+        stages.update(1)
+        stages.set_postfix_str(f"post/{name} done")
+        return result
+
+    with ThreadPoolExecutor(max_workers=cfg.parallel) as pool:
+        timings += list(pool.map(post, cfg.interventions))
+
+    stages.set_postfix_str("eval")
+    _evaluate(cfg, root, base, threads=total_threads)
+    stages.update(1)
+    stages.close()
+
+    from recurlen.report import write_report
+
+    write_report([root / "eval" / "results.json"], out_dir=root, timings=timings,
+                 wall_seconds=time.perf_counter() - t0)
+    log.info("demo finished in %.0f s: %s", time.perf_counter() - t0, root / "report.md")
+    return root
+
+
+def _experiment_cfg(cfg: DemoConfig, experiment: str):
+    from recurlen.experiment.compose import load_experiment
+
+    return load_experiment([f"experiment={experiment}", *cfg.overrides])[0]
+
+
+def _prepare_corpus(cfg: DemoConfig) -> None:
+    from recurlen.data.datamodule import RecurlenDataModule
+
+    RecurlenDataModule(_experiment_cfg(cfg, cfg.pretrain_experiment).data).prepare_data()
+
+
+def _evaluate(cfg: DemoConfig, root: Path, base: Path, *, threads: int) -> None:
+    import torch
+
+    from recurlen.data.datamodule import RecurlenDataModule
+    from recurlen.eval.runner import EvalConfig, run_eval
+
+    torch.set_num_threads(threads)
+    exp = _experiment_cfg(cfg, cfg.pretrain_experiment)
+    dm = RecurlenDataModule(exp.data)
+    dm.setup("validate")
+    sequences = dm.long_validation_sequences(length=cfg.eval.length, num=cfg.eval.num_sequences)
+    checkpoints = [f"base={base}"] + [f"{n}={root / 'post' / n / 'checkpoints' / 'last.ckpt'}"
+                                      for n in cfg.interventions]
+    tasks = ["positionwise", "reset", "state"] + (["effrem"] if cfg.eval.effrem else [])
+    ecfg = EvalConfig(checkpoints=checkpoints, output_dir=str(root / "eval"), seq_len=cfg.eval.length,
+                      num_sequences=cfg.eval.num_sequences, tasks=tasks, chunk_len=cfg.eval.chunk_len,
+                      batch_size=cfg.eval.batch_size, effrem_points=cfg.eval.effrem_points,
+                      effrem_sequences=cfg.eval.effrem_sequences, device="cpu")
+    run_eval(ecfg, sequences)
+
+
+__all__ = ["DemoConfig", "DemoEval", "load_demo_config", "run_demo"]

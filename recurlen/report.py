@@ -1,0 +1,201 @@
+"""`recurlen report`: a Markdown report (tables, verdicts, plots) from evaluation results of any runs.
+
+    recurlen report runs/demo/eval/results.json [more results.json or eval dirs] --out runs/demo
+
+Writes <out>/report.md, <out>/results.json (all runs merged, plus the verdicts) and the PNG plots.
+Works on the CPU demo and on GPU evaluations of the official checkpoints alike.
+
+Verdicts read the paired control: full - reset per position bin, where "reset" scores the same tokens
+with the state zeroed every T tokens. It removes the bin-to-bin differences of content, so:
+  full - reset <= tolerance in every bin   -> the run length-generalizes there
+  full - reset >= fail_margin in a bin     -> longer context hurts: it fails to length-generalize
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from recurlen.checkpoint import atomic_write
+from recurlen.eval.plots import PLOT_NAMES, load_runs, write_plots
+
+GENERALIZES_TOL = 0.05
+"""full - reset at most this (nats) counts as no harm from the longer context."""
+FAILS_MARGIN = 0.3
+"""full - reset at least this (nats) counts as a clear failure."""
+IN_CONTEXT_REL_TOL = 0.08
+"""A fix must keep the [0,T) loss within 8% of the baseline's."""
+BASE_LABELS = ("base", "baseline")
+
+
+def _bins(run: dict) -> list[dict]:
+    return (run.get("positionwise") or {}).get("bins") or []
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _bin_end_multiple(row: dict, train_len: int) -> float:
+    return row["end"] / train_len
+
+
+def run_verdict(run: dict, *, up_to_multiple: float | None = None) -> dict:
+    """Does full - reset stay <= tolerance in every bin (up to a multiple of T)? Where does it fail?"""
+    T = run.get("train_len") or (run.get("positionwise") or {}).get("train_len")
+    rows = [r for r in _bins(run) if r.get("full_minus_reset") is not None and r["start"] >= T]
+    if up_to_multiple is not None:
+        rows = [r for r in rows if _bin_end_multiple(r, T) <= up_to_multiple + 1e-9]
+    if not rows:
+        return {"label": run["label"], "measured": False, "text": f"{run['label']}: no reset control was run"}
+    worst = max(rows, key=lambda r: r["full_minus_reset"])
+    first_fail = next((r for r in rows if r["full_minus_reset"] >= FAILS_MARGIN), None)
+    generalizes = all(r["full_minus_reset"] <= GENERALIZES_TOL for r in rows)
+    span = rows[-1]["name"].split(",")[-1].rstrip(")")
+    if generalizes:
+        text = (f"{run['label']}: length-generalizes up to {span} (full - reset <= +{GENERALIZES_TOL} in every bin; "
+                f"worst {worst['full_minus_reset']:+.3f} in {worst['name']})")
+    elif first_fail is not None:
+        text = (f"{run['label']}: FAILS past the training context: full - reset {first_fail['full_minus_reset']:+.3f} "
+                f"in {first_fail['name']} (worst {worst['full_minus_reset']:+.3f} in {worst['name']})")
+    else:
+        text = (f"{run['label']}: mostly holds, but the longer context costs up to {worst['full_minus_reset']:+.3f} "
+                f"nats in {worst['name']}")
+    return {"label": run["label"], "measured": True, "generalizes": generalizes, "fails": first_fail is not None,
+            "worst_bin": worst["name"], "worst_full_minus_reset": worst["full_minus_reset"], "text": text}
+
+
+def _in_context_loss(run: dict) -> float | None:
+    rows = _bins(run)
+    return rows[0]["loss"] if rows else None
+
+
+def demo_checks(runs: Sequence[dict]) -> list[dict]:
+    """The demo's acceptance checks, where the runs have the demo's labels (base, none, state_passing, tbptt)."""
+    by_label = {r["label"]: r for r in runs}
+    base = next((by_label[b] for b in BASE_LABELS if b in by_label), None)
+    if base is None:
+        return []
+    T = base["train_len"]
+    checks = []
+
+    def bin_value(run, name, key="full_minus_reset"):
+        row = next((r for r in _bins(run) if r["name"] == name), None)
+        return None if row is None else row.get(key)
+
+    b816 = bin_value(base, "[8T,16T)")
+    if b816 is not None:
+        checks.append({"check": "baseline fails: full - reset >= +0.3 in [8T,16T)", "value": b816,
+                       "passed": b816 >= FAILS_MARGIN})
+    base_ctx = _in_context_loss(base)
+    for name in ("state_passing", "tbptt"):
+        run = by_label.get(name)
+        if run is None:
+            continue
+        rows = [r for r in _bins(run) if r["start"] >= T and r["end"] <= 16 * T and r.get("full_minus_reset") is not None]
+        worst = max((r["full_minus_reset"] for r in rows), default=None)
+        checks.append({"check": f"{name} fixes it: full - reset <= +{GENERALIZES_TOL} in every bin up to 16T",
+                       "value": worst, "passed": worst is not None and worst <= GENERALIZES_TOL})
+        ctx = _in_context_loss(run)
+        if ctx is not None and base_ctx:
+            rel = ctx / base_ctx - 1.0
+            checks.append({"check": f"{name} keeps the [0,T) loss within 8% of the baseline's", "value": rel,
+                           "passed": abs(rel) <= IN_CONTEXT_REL_TOL})
+    if "none" in by_label:
+        v = bin_value(by_label["none"], "[8T,16T)")
+        if v is not None:
+            checks.append({"check": "plain fine-tuning (none) still fails: full - reset > +0.05 in [8T,16T)",
+                           "value": v, "passed": v > GENERALIZES_TOL})
+    return checks
+
+
+def _table(runs: Sequence[dict], key: str, title: str, spec: str) -> list[str]:
+    names = [r["name"] for r in _bins(runs[0])] if runs else []
+    lines = [f"### {title}", "", "| run | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for run in runs:
+        values = {r["name"]: r.get(key) for r in _bins(run)}
+        lines.append(f"| {run['label']} | " + " | ".join(_fmt(values.get(n), spec) for n in names) + " |")
+    return lines + [""]
+
+
+def _state_lines(runs: Sequence[dict]) -> list[str]:
+    lines = []
+    for run in runs:
+        state = run.get("state")
+        if not state or not state.get("positions"):
+            continue
+        pos, norms = state["positions"], state["ssm_norm"]
+        mean = [sum(layer[i] for layer in norms) / len(norms) for i in range(len(pos))]
+        picks = sorted({0, len(pos) // 4, len(pos) // 2, len(pos) - 1})
+        pts = ", ".join(f"t={pos[i]}: {_fmt(mean[i], '.3g')}" for i in picks)
+        lines.append(f"- {run['label']}: SSM state norm (mean over layers) {pts}")
+    return lines
+
+
+def _effrem_lines(runs: Sequence[dict]) -> list[str]:
+    lines = []
+    for run in runs:
+        eff = run.get("effrem")
+        if not eff:
+            continue
+        pts = ", ".join(f"t={t}: {_fmt(v)}" for t, v in list(zip(eff["t"], eff["effrem"]))[1::2])
+        lines.append(f"- {run['label']} (T={eff['T']}): {pts}")
+    return lines
+
+
+def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.PathLike, title: str | None = None,
+                 timings: Sequence[dict] | None = None, wall_seconds: float | None = None,
+                 notes: Sequence[str] = ()) -> Path:
+    runs = load_runs(results)
+    if not runs:
+        raise ValueError("no runs in the given results files")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(runs, out)
+    verdicts = [run_verdict(r) for r in runs]
+    checks = demo_checks(runs)
+    T = runs[0].get("train_len")
+    L = runs[0].get("seq_len")
+    lines = [f"# {title or 'recurlen report'}", "",
+             f"Generated {time.strftime('%Y-%m-%d %H:%M')}. Training context T = {T}; evaluated to L = {L} tokens "
+             f"({(L or 0) // max(T or 1, 1)}T) on {(runs[0].get('positionwise') or {}).get('num_sequences', '?')} "
+             "held-out sequences from a zero initial state.", ""]
+    lines += list(notes) + ([""] if notes else [])
+    lines += ["## Verdicts", ""] + [f"- {v['text']}" for v in verdicts] + [""]
+    if checks:
+        lines += ["## Demo checks", "", "| check | value | result |", "|---|---|---|"]
+        lines += [f"| {c['check']} | {_fmt(c['value'], '+.3f')} | {'PASS' if c['passed'] else 'MISS'} |" for c in checks]
+        missed = [c for c in checks if not c["passed"]]
+        lines += ["", f"**{len(checks) - len(missed)} of {len(checks)} checks passed.**" +
+                  ("" if not missed else " Missed: " + "; ".join(c["check"] for c in missed) + "."), ""]
+    lines += ["## Loss by position", "",
+              "How to read: each column is a range of token positions in multiples of T. A model that "
+              "length-generalizes keeps full - reset at or below 0 in every column; a model that fails "
+              "has full - reset growing with position. Loss differences between columns are mostly "
+              "differences of content, which is why full - reset is the verdict.", ""]
+    lines += _table(runs, "loss", "Loss (nats/token), full context", ".3f")
+    lines += _table(runs, "full_minus_reset", "full - reset (nats/token): > 0 means longer context hurts", "+.3f")
+    lines += _table(runs, "ppl", "Perplexity", ".3f")
+    state_lines, eff_lines = _state_lines(runs), _effrem_lines(runs)
+    if state_lines:
+        lines += ["## State norm by position", ""] + state_lines + [""]
+    if eff_lines:
+        lines += ["## Effective Remembrance", "",
+                  "EffRem_T(t) = TV(q(.|x[0:T]), q(.|x[t:T])): how much the prediction at T still depends on the "
+                  "first t tokens. Near 0 for small t means distant tokens barely matter.", ""] + eff_lines + [""]
+    lines += ["## Plots", ""] + [f"![{kind}]({PLOT_NAMES[kind]})" for kind in plots] + [""]
+    if timings:
+        lines += ["## Stages", "", "| stage | seconds | reused |", "|---|---|---|"]
+        lines += [f"| {t['stage']} | {t['seconds']:.0f} | {'yes' if t['reused'] else 'no'} |" for t in timings]
+        lines += [""]
+    if wall_seconds is not None:
+        lines += [f"Total wall time: {wall_seconds / 60:.1f} min.", ""]
+    text = "\n".join(lines)
+    atomic_write(out / "report.md", lambda p: p.write_text(text))
+    merged = {"format": "recurlen.report/1", "runs": runs, "verdicts": verdicts, "checks": checks,
+              "plots": {k: PLOT_NAMES[k] for k in plots}, "timings": list(timings or [])}
+    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(merged, indent=2)))
+    return out / "report.md"

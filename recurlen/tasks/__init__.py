@@ -1,0 +1,1 @@
+"""Long-context tasks: passkey retrieval, BABILong, synthetic copying."""

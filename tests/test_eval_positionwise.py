@@ -1,0 +1,129 @@
+"""Position-wise evaluation: chunked == unchunked, the reset control, bins, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recurlen import Mamba2LM, preset
+from recurlen.eval.bins import bin_sums, context_bins, log_bins, split_points
+from recurlen.eval.positionwise import evaluate_positionwise, evaluation_ends, score_positions
+
+L = 256
+T = 32
+
+
+@pytest.fixture(scope="module")
+def model() -> Mamba2LM:
+    torch.manual_seed(0)
+    return Mamba2LM(preset("nano"), backend="torch").eval()
+
+
+@pytest.fixture(scope="module")
+def seqs() -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 257, (3, L), generator=g)
+
+
+def full_nll(model: Mamba2LM, ids_BL: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        logits, _ = model(ids_BL)
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), ids_BL[:, 1:], reduction="none")
+
+
+@pytest.mark.parametrize("chunk_len", [37, 100, 255])
+def test_chunked_nll_equals_one_forward(model, seqs, chunk_len):
+    ref_BP = full_nll(model, seqs)
+    ends = split_points(L, chunk_len=chunk_len)
+    assert any(e % chunk_len == 0 for e in ends[:-1]) and L % chunk_len != 0
+    nll_BP, _ = score_positions(model, seqs, ends=ends)
+    assert nll_BP.shape == (3, L - 1)
+    assert torch.isfinite(nll_BP).all()
+    torch.testing.assert_close(nll_BP, ref_BP, atol=2e-5, rtol=1e-5)
+    # The first token of every chunk is predicted from the previous chunk's last logits (position
+    # end - 1), and the chunk's own first prediction (position end) starts from the carried state.
+    at = [p for end in ends[:-1] for p in (end - 1, end) if p < L - 1]
+    assert at
+    torch.testing.assert_close(nll_BP[:, at], ref_BP[:, at], atol=2e-5, rtol=1e-5)
+
+
+def test_lm_head_slices_do_not_change_nll(model, seqs, monkeypatch):
+    import recurlen.eval.positionwise as positionwise
+
+    monkeypatch.setattr(positionwise, "HEAD_ELEMENTS", 3 * 257 * 7)  # 7 positions per LM-head call
+    nll_BP, _ = score_positions(model, seqs, ends=[37, 100, L])
+    torch.testing.assert_close(nll_BP, full_nll(model, seqs), atol=2e-5, rtol=1e-5)
+
+
+def test_evaluate_positionwise_sums_and_bins(model, seqs):
+    res = evaluate_positionwise(model, seqs, train_len=T, chunk_len=50, batch_size=2, state_stats=False)
+    ref_BP = full_nll(model, seqs).double()
+    torch.testing.assert_close(res.nll_sum_P, ref_BP.sum(0), atol=1e-4, rtol=1e-5)
+    summary = res.summary(num_log_bins=6)
+    names = [b["name"] for b in summary["bins"]]
+    assert names == ["[0,T)", "[T,2T)", "[2T,4T)", "[4T,8T)"]
+    last = summary["bins"][-1]
+    assert (last["start"], last["end"], last["count"]) == (4 * T, L - 1, 3 * (L - 1 - 4 * T))
+    want = ref_BP[:, T:2 * T].mean().item()
+    assert summary["bins"][1]["loss"] == pytest.approx(want, rel=1e-5)
+    assert summary["bins"][1]["ppl"] == pytest.approx(math.exp(want), rel=1e-5)
+    # log bins partition the positions
+    assert sum(b["count"] for b in summary["log_bins"]) == 3 * (L - 1)
+
+
+def test_reset_control_matches_independent_segments(model, seqs):
+    res = evaluate_positionwise(model, seqs, train_len=T, chunk_len=40, state_stats=False)
+    full_P = res.nll_sum_P
+    reset_P = res.reset_nll_sum_P
+    # In-distribution bin [0, T): the reset pass is the full pass.
+    torch.testing.assert_close(reset_P[:T], full_P[:T], atol=0, rtol=0)
+    # Past T the state is zeroed every T tokens: each segment scored on its own from the zero state.
+    for k in range(L // T):
+        seg = seqs[:, k * T:(k + 1) * T + 1]  # + 1: the segment's last position predicts the next token
+        want_P = full_nll(model, seg).double().sum(0)
+        torch.testing.assert_close(reset_P[k * T:k * T + want_P.shape[0]], want_P, atol=1e-4, rtol=1e-5)
+    assert (reset_P[T:] - full_P[T:]).abs().max() > 1e-4  # the control really differs beyond T
+    rows = res.summary(num_log_bins=0)["bins"]
+    assert rows[0]["full_minus_reset"] == 0.0
+    assert rows[2]["full_minus_reset"] == pytest.approx(rows[2]["loss"] - rows[2]["reset_loss"])
+
+
+def test_chunk_len_does_not_change_results(model, seqs):
+    a = evaluate_positionwise(model, seqs, train_len=T, chunk_len=64, state_points=4)
+    b = evaluate_positionwise(model, seqs, train_len=T, chunk_len=33, state_points=9)
+    torch.testing.assert_close(a.nll_sum_P, b.nll_sum_P, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(a.reset_nll_sum_P, b.reset_nll_sum_P, atol=1e-4, rtol=1e-5)
+
+
+def test_bins():
+    bins = context_bins(100, 1000)
+    assert [(b.name, b.start, b.end) for b in bins] == [
+        ("[0,T)", 0, 100), ("[T,2T)", 100, 200), ("[2T,4T)", 200, 400), ("[4T,8T)", 400, 800),
+        ("[8T,16T)", 800, 1000)]
+    lb = log_bins(1000, 8)
+    assert lb[0].start == 0 and lb[-1].end == 1000
+    assert all(a.end == b.start for a, b in zip(lb, lb[1:]))
+    assert bin_sums(torch.ones(1000), lb).sum() == 1000
+    ends = evaluation_ends(1000, train_len=100, chunk_len=300, state_points=5)
+    assert ends[-1] == 1000 and ends == sorted(set(ends))
+    assert {300, 600, 900, 100, 200, 800, 1} <= set(ends)
+
+
+def test_bad_input(model, seqs):
+    with pytest.raises(ValueError, match=r"seq_len=32 must be larger than the training context train_len=32"):
+        evaluate_positionwise(model, seqs[:, :32], train_len=T)
+    with pytest.raises(ValueError, match=r"need 3 held-out sequence\(s\) of at least 512 tokens; found 0 of 3 "
+                                         r"\(the longest has 256 tokens\)"):
+        evaluate_positionwise(model, seqs, train_len=T, seq_len=512, num_sequences=3)
+    short = [seqs[0], seqs[1, :100], seqs[2]]
+    with pytest.raises(ValueError, match=r"need 3 held-out sequence\(s\) of at least 200 tokens; found 2 of 3"):
+        evaluate_positionwise(model, short, train_len=T, seq_len=200, num_sequences=3)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 257\)"):
+        evaluate_positionwise(model, seqs + 1000, train_len=T)
+    with pytest.raises(ValueError, match=r"no recurrent-state API"):
+        evaluate_positionwise(torch.nn.Linear(4, 4), seqs, train_len=T)
+    with pytest.raises(ValueError, match=r"reset_every=32 needs a chunk end at every multiple"):
+        score_positions(model, seqs, ends=[100, L], reset_every=T)
