@@ -67,6 +67,15 @@ eval: $(STAMP) ## evaluate RUNS="dir dir ..." to OUT= (position-wise, reset cont
 	$(PY) -m recurlen.cli eval $(RUNS) --out $(OUT) $(ARGS)
 	$(PY) -m recurlen.cli report $(OUT) --out $(OUT)
 
+passkey: $(STAMP) ## passkey retrieval per intervention (experiments/passkey.yaml) [ARGS='intervention=... task.lengths=[...]']
+	$(PY) -m recurlen.cli passkey $(ARGS)
+
+babilong: $(STAMP) ## BABILong accuracy by context length (experiments/babilong.yaml) [ARGS=...]
+	$(PY) -m recurlen.cli babilong $(ARGS)
+
+copying: $(STAMP) ## synthetic copying beyond the training length (experiments/copying.yaml) [ARGS=...]
+	$(PY) -m recurlen.cli copying $(ARGS)
+
 tensorboard: $(STAMP) ## TensorBoard over every run under runs/
 	$(VENV)/bin/tensorboard --logdir runs
 
@@ -76,4 +85,4 @@ generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) 
 bench: $(STAMP) ## run the benchmark scripts (quick settings)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
 
-.PHONY: help install demo test test-slow test-gpu lint finetune fit-noise eval tensorboard generate bench
+.PHONY: help install demo test test-slow test-gpu lint finetune fit-noise eval passkey babilong copying tensorboard generate bench

@@ -7,6 +7,7 @@
   recurlen eval [label=]CKPT ... [--data GROUP] [--out DIR] [key=value ...]   long-context evaluation
   recurlen report RESULTS.json ... --out DIR                               report.md + plots
   recurlen demo [key=value ...]                                            the CPU demo (make demo)
+  recurlen passkey|babilong|copying [experiment=NAME] [a.b=value ...]      long-context tasks (train + evaluate)
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ COMMANDS = {
     "eval": (_lazy("recurlen.eval_cli", "cmd_eval"), "position-wise loss, reset control, state norms, EffRem"),
     "report": (_lazy("recurlen.eval_cli", "cmd_report"), "Markdown report + plots from results.json files"),
     "demo": (_lazy("recurlen.eval_cli", "cmd_demo"), "the CPU demo: failure past T and its fix, with a report"),
+    "passkey": (_lazy("recurlen.tasks.cli", "cmd_passkey"), "passkey retrieval: a key hidden in long prompts"),
+    "babilong": (_lazy("recurlen.tasks.cli", "cmd_babilong"), "BABILong: reasoning over facts hidden in long text"),
+    "copying": (_lazy("recurlen.tasks.cli", "cmd_copying"), "synthetic copying: copy a sequence after a long gap"),
 }
 
 

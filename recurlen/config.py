@@ -152,7 +152,8 @@ class Mamba2Config:
         if layer != "Mamba2":
             raise ValueError(f"{source}: ssm_cfg.layer is {layer!r}; recurlen supports only 'Mamba2'")
         if cfg.get("attn_layer_idx"):
-            raise ValueError(f"{source}: hybrid attention layers (attn_layer_idx={cfg['attn_layer_idx']}) are not supported")
+            raise ValueError(f"{source}: hybrid attention layers (attn_layer_idx={cfg['attn_layer_idx']}) "
+                             "are not supported")
         if cfg.get("d_intermediate", 0):
             raise ValueError(f"{source}: d_intermediate={cfg['d_intermediate']} (MLP blocks) is not supported; need 0")
         for name in ("d_model", "n_layer", "vocab_size"):

@@ -70,14 +70,13 @@ class RecurlenModule(L.LightningModule):
         was_training = self.model.training
         self.model.eval()
         acc = Accumulator()
-        n, sequences = 0, 0
-        for batch in batches:
-            if n >= num_batches:
-                break
+        sequences = 0
+        for n, batch in enumerate(batches, start=1):
             _, final = self.model.forward_hidden(batch["input_ids"].to(self.device))
             acc.add(final.ssm)
-            n += 1
             sequences += batch["input_ids"].shape[0]
+            if n >= num_batches:
+                break
         self.model.train(was_training)
         if acc.sum_KH is None:
             raise ValueError("fitting the noise got no training batches")

@@ -307,7 +307,8 @@ class Mamba2LM(nn.Module):
         return self.logits_from_hidden(hidden), state
 
     @torch.no_grad()
-    def step(self, input_ids_B: torch.Tensor, state: RecurrentState | None = None) -> tuple[torch.Tensor, RecurrentState]:
+    def step(self, input_ids_B: torch.Tensor,
+             state: RecurrentState | None = None) -> tuple[torch.Tensor, RecurrentState]:
         """One token per row: (batch,) ids -> logits (batch, vocab), next state. For generation."""
         self._check_ids(input_ids_B, 1)
         state = self._check_state(state, input_ids_B.shape[0], input_ids_B.device)

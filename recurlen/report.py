@@ -95,7 +95,8 @@ def demo_checks(runs: Sequence[dict]) -> list[dict]:
         run = by_label.get(name)
         if run is None:
             continue
-        rows = [r for r in _bins(run) if r["start"] >= T and r["end"] <= 16 * T and r.get("full_minus_reset") is not None]
+        rows = [r for r in _bins(run)
+                if r["start"] >= T and r["end"] <= 16 * T and r.get("full_minus_reset") is not None]
         worst = max((r["full_minus_reset"] for r in rows), default=None)
         checks.append({"check": f"{name} fixes it: full - reset <= +{GENERALIZES_TOL} in every bin up to 16T",
                        "value": worst, "passed": worst is not None and worst <= GENERALIZES_TOL})
@@ -167,7 +168,8 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     lines += ["## Verdicts", ""] + [f"- {v['text']}" for v in verdicts] + [""]
     if checks:
         lines += ["## Demo checks", "", "| check | value | result |", "|---|---|---|"]
-        lines += [f"| {c['check']} | {_fmt(c['value'], '+.3f')} | {'PASS' if c['passed'] else 'MISS'} |" for c in checks]
+        lines += [f"| {c['check']} | {_fmt(c['value'], '+.3f')} | {'PASS' if c['passed'] else 'MISS'} |"
+                  for c in checks]
         missed = [c for c in checks if not c["passed"]]
         lines += ["", f"**{len(checks) - len(missed)} of {len(checks)} checks passed.**" +
                   ("" if not missed else " Missed: " + "; ".join(c["check"] for c in missed) + "."), ""]

@@ -25,9 +25,11 @@ class RecurrentState:
 
     def __post_init__(self) -> None:
         if self.ssm.dim() != 5:
-            raise ValueError(f"state.ssm must be 5-d (layers, batch, heads, headdim, d_state); got {tuple(self.ssm.shape)}")
+            raise ValueError("state.ssm must be 5-d (layers, batch, heads, headdim, d_state); "
+                             f"got {tuple(self.ssm.shape)}")
         if self.conv.dim() != 4:
-            raise ValueError(f"state.conv must be 4-d (layers, batch, conv_dim, d_conv-1); got {tuple(self.conv.shape)}")
+            raise ValueError("state.conv must be 4-d (layers, batch, conv_dim, d_conv-1); "
+                             f"got {tuple(self.conv.shape)}")
         if self.ssm.shape[:2] != self.conv.shape[:2]:
             raise ValueError(
                 f"state.ssm and state.conv disagree on (layers, batch): {tuple(self.ssm.shape[:2])} vs "
@@ -54,7 +56,8 @@ class RecurrentState:
         return cls(ssm, conv)
 
     @classmethod
-    def stack_layers(cls, ssm_per_layer: Sequence[torch.Tensor], conv_per_layer: Sequence[torch.Tensor]) -> RecurrentState:
+    def stack_layers(cls, ssm_per_layer: Sequence[torch.Tensor],
+                     conv_per_layer: Sequence[torch.Tensor]) -> RecurrentState:
         return cls(torch.stack(list(ssm_per_layer)), torch.stack(list(conv_per_layer)))
 
     @classmethod

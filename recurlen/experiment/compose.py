@@ -133,7 +133,8 @@ def to_object(cfg: DictConfig) -> ExperimentConfig:
     return obj
 
 
-def load_experiment(args: list[str], *, default_experiment: str = "finetune") -> tuple[ExperimentConfig, dict[str, Any]]:
+def load_experiment(args: list[str], *,
+                    default_experiment: str = "finetune") -> tuple[ExperimentConfig, dict[str, Any]]:
     cfg = compose(args, default_experiment=default_experiment)
     obj = to_object(cfg)
     return obj, OmegaConf.to_container(cfg, resolve=True)

@@ -19,6 +19,8 @@ HAYSTACKS = ("embedded", "filler")
 # The bAbI tasks of the BABILong release; the offline generator writes qa1-qa3.
 BABILONG_TASKS = tuple(f"qa{i}" for i in range(1, 21))
 GENERATED_TASKS = ("qa1", "qa2", "qa3")
+GENERATED_MIN_FACTS = {"qa1": 1, "qa2": 3, "qa3": 3}
+"""Fewest facts a generated story of each task can have (qa2 / qa3: a move, a pick-up, another move)."""
 COPY_INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing")
 
 
@@ -75,7 +77,8 @@ class BabilongConfig:
             raise ValueError(f"task.babilong.tasks is empty; allowed: {list(BABILONG_TASKS)}")
         for t in self.tasks:
             if t not in BABILONG_TASKS:
-                raise ValueError(f"task.babilong.tasks has {t!r}, which does not exist; allowed: {list(BABILONG_TASKS)}")
+                raise ValueError(f"task.babilong.tasks has {t!r}, which does not exist; allowed: "
+                                 f"{list(BABILONG_TASKS)}")
         if self.source == "generate" or self.train_source == "generate":
             bad = [t for t in self.tasks if t not in GENERATED_TASKS]
             if bad:
@@ -85,7 +88,12 @@ class BabilongConfig:
             raise ValueError("task.babilong.source and train_source must be 'generate', a directory or 'hf:<name>'")
         if self.haystack not in HAYSTACKS:
             raise ValueError(f"task.babilong.haystack={self.haystack!r} is unknown; allowed: {list(HAYSTACKS)}")
-        _positive("babilong.", "num_facts", self.num_facts, minimum=2)
+        _positive("babilong.", "num_facts", self.num_facts)
+        if self.source == "generate" or self.train_source == "generate":
+            need = max(GENERATED_MIN_FACTS[t] for t in self.tasks)
+            if self.num_facts < need:
+                raise ValueError(f"task.babilong.num_facts={self.num_facts} is too few for generated "
+                                 f"{list(self.tasks)} stories; need >= {need}")
         _positive("babilong.", "max_new_tokens", self.max_new_tokens)
 
 
@@ -106,6 +114,9 @@ class CopyingConfig:
     headline_factor: int = 3
     """The summary reports character accuracy at the evaluated length nearest to headline_factor * n
     from above (the paper: > 3x the training length)."""
+    parallel: int = 1
+    """Runs trained at once, each in its own process with trainer.num_threads / parallel threads (small
+    models use one core better than two; 1 trains in this process, one run after the other)."""
 
     def __post_init__(self) -> None:
         _positive("copying.", "length", self.length)
@@ -126,6 +137,7 @@ class CopyingConfig:
         if not self.seeds:
             raise ValueError("task.copying.seeds is empty; give at least one seed")
         _positive("copying.", "headline_factor", self.headline_factor)
+        _positive("copying.", "parallel", self.parallel)
 
 
 @dataclass
@@ -136,7 +148,8 @@ class TaskConfig:
     """Fine-tune (copying: train from scratch) before evaluating; false evaluates model.pretrained as is
     (or the run directory's last checkpoint)."""
     lengths: list[int] | None = None
-    """Evaluation lengths: prompt tokens (passkey, babilong) or string symbols (copying).
+    """Evaluation lengths: prompt tokens (passkey, babilong; 0 = BABILong's facts-only '0k') or string
+    symbols (copying).
     None: 1, 2, 4, 8, 16 x data.seq_len (copying: 1, 2, 3, 4 x copying.length)."""
     trials: int = 8
     """Examples per evaluation cell: (length, depth) for passkey, (task, length) for babilong,
@@ -162,7 +175,7 @@ class TaskConfig:
             if not self.lengths:
                 raise ValueError("task.lengths is empty; give at least one length or null for the default")
             for n in self.lengths:
-                _positive("", "lengths", n)
+                _positive("", "lengths", n, minimum=0)
         for name in ("trials", "eval_batch_size", "chunk_len"):
             _positive("", name, getattr(self, name))
         _positive("", "val_batches", self.val_batches, minimum=0)
