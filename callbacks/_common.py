@@ -138,9 +138,21 @@ def register_custom_scalars(trainer: pl.Trainer, category: str, charts: Mapping[
 class DiagnosticCallback(pl.Callback):
     """Runs `evaluate` at the end of every n-th real validation epoch (never in the sanity check)."""
 
-    def __init__(self, *, every_n_val_epochs: int = 1, log_figures: bool = True, prefix: str = "val") -> None:
+    def __init__(self, *, num_sequences: int | None = None, train_len: int | None = None,
+                 chunk_len: int | None = None, batch_size: int = 4, sequences: torch.Tensor | None = None,
+                 bf16: bool = False, every_n_val_epochs: int = 1, log_figures: bool = True,
+                 prefix: str = "val") -> None:
+        """The settings every diagnostic shares: which held-out sequences (sequences, or num_sequences of the
+        datamodule's), the training context T (default pl_module.train_seq_len), tokens per model call
+        (chunk_len, default 4 x T), rows per batch and bf16 autocast."""
         if not isinstance(every_n_val_epochs, int) or every_n_val_epochs < 1:
             raise ValueError(f"every_n_val_epochs must be a positive integer; got {every_n_val_epochs!r}")
+        self.num_sequences = num_sequences
+        self.train_len = train_len
+        self.chunk_len = chunk_len
+        self.batch_size = batch_size
+        self.sequences = sequences
+        self.bf16 = bf16
         self.every_n_val_epochs = every_n_val_epochs
         self.log_figures = log_figures
         self.prefix = prefix
@@ -155,6 +167,21 @@ class DiagnosticCallback(pl.Callback):
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         raise NotImplementedError
+
+    def model_and_lengths(self, pl_module: pl.LightningModule) -> tuple[torch.nn.Module, int, int]:
+        """The model to measure, the training context T and the chunk length, resolved for this run."""
+        train_len = resolve_train_len(pl_module, self.train_len)
+        return resolve_model(pl_module), train_len, resolve_chunk_len(self.chunk_len, train_len)
+
+    def held_out(self, trainer: pl.Trainer, length: int | None, train_len: int, *,
+                 what: str = "seq_len") -> torch.Tensor:
+        """The held-out sequences (num, length); they must reach past the training context."""
+        name = type(self).__name__
+        seqs_NL = held_out_sequences(trainer, self.sequences, length=length, num=self.num_sequences, what=name)
+        if seqs_NL.shape[1] <= train_len:
+            raise ValueError(f"{name}: {what}={seqs_NL.shape[1]} must be larger than the training context "
+                             f"train_len={train_len}")
+        return seqs_NL
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         category, charts = self.layout()

@@ -14,12 +14,8 @@ import torch
 
 from callbacks._common import (
     DiagnosticCallback,
-    held_out_sequences,
     log_figures,
     rank_share,
-    resolve_chunk_len,
-    resolve_model,
-    resolve_train_len,
     synced_sums,
 )
 from recurlen.eval.effrem import EffRemResult, check_t_grid, default_t_grid, effective_remembrance
@@ -35,36 +31,29 @@ class EffectiveRemembrance(DiagnosticCallback):
                  bf16: bool = False, every_n_val_epochs: int = 1, log_figures: bool = True,
                  prefix: str = "val") -> None:
         """context_len: T of EffRem_T (default 4 x train_len); t_grid: values in [0, T-1]."""
-        super().__init__(every_n_val_epochs=every_n_val_epochs, log_figures=log_figures, prefix=prefix)
+        super().__init__(num_sequences=num_sequences, train_len=train_len, chunk_len=chunk_len, batch_size=batch_size,
+                         sequences=sequences, bf16=bf16, every_n_val_epochs=every_n_val_epochs,
+                         log_figures=log_figures, prefix=prefix)
         if context_len is not None and t_grid is not None:
             check_t_grid(t_grid, context_len)  # fail at construction, not after the first epoch
         self.context_len = context_len
         self.t_grid = None if t_grid is None else [int(t) for t in t_grid]
         self.num_points = num_points
-        self.num_sequences = num_sequences
-        self.train_len = train_len
-        self.chunk_len = chunk_len
-        self.batch_size = batch_size
         self.max_batch_rows = max_batch_rows
-        self.sequences = sequences
-        self.bf16 = bf16
 
     def layout(self) -> tuple[str, dict[str, list[str]]]:
         p = re.escape(self.prefix)
         return "recurlen: effective remembrance", {"EffRem_T(t) (lower: forgets the distant past)": [rf"^{p}/effrem@"]}
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        model = resolve_model(pl_module)
-        train_len = resolve_train_len(pl_module, self.train_len)
-        chunk_len = resolve_chunk_len(self.chunk_len, train_len)
+        model, train_len, chunk_len = self.model_and_lengths(pl_module)
         context_len = self.context_len or 4 * train_len
         if context_len <= train_len:
             raise ValueError(f"EffectiveRemembrance: T={context_len} must be larger than the training context "
                              f"train_len={train_len}")
         grid = check_t_grid(self.t_grid, context_len) if self.t_grid is not None else \
             default_t_grid(context_len, self.num_points)
-        seqs_NT = held_out_sequences(trainer, self.sequences, length=context_len, num=self.num_sequences,
-                                     what="EffectiveRemembrance")
+        seqs_NT = self.held_out(trainer, context_len, train_len, what="T")
         result = EffRemResult(context_len, grid, torch.zeros(len(grid), dtype=torch.float64), 0)
         share_NT = rank_share(seqs_NT, trainer)
         if share_NT.shape[0]:

@@ -15,12 +15,8 @@ import torch
 
 from callbacks._common import (
     DiagnosticCallback,
-    held_out_sequences,
     log_figures,
     rank_share,
-    resolve_chunk_len,
-    resolve_model,
-    resolve_train_len,
     synced_sums,
 )
 from recurlen.eval.bins import bin_summary, bin_sums, context_bins, log_bins
@@ -42,21 +38,17 @@ class PositionwisePerplexity(DiagnosticCallback):
         bins: which bins get scalars, "multiples" of T or "log" (the figures always use the log bins);
         log_bins: number of log-spaced bins; chunk_len: tokens per call (default 4 x T);
         sequences: held-out ids (num, >= L) instead of trainer.datamodule.long_validation_sequences()."""
-        super().__init__(every_n_val_epochs=every_n_val_epochs, log_figures=log_figures, prefix=prefix)
+        super().__init__(num_sequences=num_sequences, train_len=train_len, chunk_len=chunk_len, batch_size=batch_size,
+                         sequences=sequences, bf16=bf16, every_n_val_epochs=every_n_val_epochs,
+                         log_figures=log_figures, prefix=prefix)
         if bins not in SCALAR_BINS:
             raise ValueError(f"bins={bins!r} is unknown; allowed: {list(SCALAR_BINS)}")
         if log_bins < 0 or (bins == "log" and log_bins == 0):
             raise ValueError(f"log_bins must be >= 0 (>= 1 with bins='log'); got {log_bins}")
         self.bins = bins
         self.seq_len = seq_len
-        self.num_sequences = num_sequences
-        self.train_len = train_len
         self.num_log_bins = log_bins
         self.reset_control = reset_control
-        self.chunk_len = chunk_len
-        self.batch_size = batch_size
-        self.sequences = sequences
-        self.bf16 = bf16
 
     def layout(self) -> tuple[str, dict[str, list[str]]]:
         p = re.escape(self.prefix)
@@ -66,15 +58,9 @@ class PositionwisePerplexity(DiagnosticCallback):
         return "recurlen: perplexity by position", charts
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        model = resolve_model(pl_module)
-        train_len = resolve_train_len(pl_module, self.train_len)
-        chunk_len = resolve_chunk_len(self.chunk_len, train_len)
-        seqs_NL = held_out_sequences(trainer, self.sequences, length=self.seq_len, num=self.num_sequences,
-                                     what="PositionwisePerplexity")
+        model, train_len, chunk_len = self.model_and_lengths(pl_module)
+        seqs_NL = self.held_out(trainer, self.seq_len, train_len)
         seq_len = seqs_NL.shape[1]
-        if seq_len <= train_len:
-            raise ValueError(f"PositionwisePerplexity: seq_len={seq_len} must be larger than the training context "
-                             f"train_len={train_len}")
         ctx_bins = context_bins(train_len, seq_len - 1)
         fine_bins = log_bins(seq_len - 1, self.num_log_bins) if self.num_log_bins else []
         bins = ctx_bins + fine_bins

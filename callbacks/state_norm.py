@@ -17,12 +17,8 @@ import torch
 
 from callbacks._common import (
     DiagnosticCallback,
-    held_out_sequences,
     log_figures,
     rank_share,
-    resolve_chunk_len,
-    resolve_model,
-    resolve_train_len,
     synced_sums,
 )
 from recurlen.eval.plots import plot_state
@@ -38,18 +34,14 @@ class StateNormMonitor(DiagnosticCallback):
                  batch_size: int = 4, sequences: torch.Tensor | None = None, bf16: bool = False,
                  every_n_val_epochs: int = 1, log_figures: bool = True, prefix: str = "val") -> None:
         """layers: which layers get scalars (default all; the figure always has all of them)."""
-        super().__init__(every_n_val_epochs=every_n_val_epochs, log_figures=log_figures, prefix=prefix)
+        super().__init__(num_sequences=num_sequences, train_len=train_len, chunk_len=chunk_len, batch_size=batch_size,
+                         sequences=sequences, bf16=bf16, every_n_val_epochs=every_n_val_epochs,
+                         log_figures=log_figures, prefix=prefix)
         if state_points < 0:
             raise ValueError(f"state_points must be >= 0; got {state_points}")
         self.seq_len = seq_len
-        self.num_sequences = num_sequences
-        self.train_len = train_len
         self.state_points = state_points
         self.layers = None if layers is None else [int(i) for i in layers]
-        self.chunk_len = chunk_len
-        self.batch_size = batch_size
-        self.sequences = sequences
-        self.bf16 = bf16
 
     def layout(self) -> tuple[str, dict[str, list[str]]]:
         p = re.escape(self.prefix)
@@ -57,15 +49,9 @@ class StateNormMonitor(DiagnosticCallback):
                                              "SSM state std (per layer, at kT)": [rf"^{p}/state_std/"]}
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        model = resolve_model(pl_module)
-        train_len = resolve_train_len(pl_module, self.train_len)
-        chunk_len = resolve_chunk_len(self.chunk_len, train_len)
-        seqs_NL = held_out_sequences(trainer, self.sequences, length=self.seq_len, num=self.num_sequences,
-                                     what="StateNormMonitor")
+        model, train_len, chunk_len = self.model_and_lengths(pl_module)
+        seqs_NL = self.held_out(trainer, self.seq_len, train_len)
         seq_len = seqs_NL.shape[1]
-        if seq_len <= train_len:
-            raise ValueError(f"StateNormMonitor: seq_len={seq_len} must be larger than the training context "
-                             f"train_len={train_len}")
         n_layer = model.zero_state(1).n_layer
         bad = [i for i in (self.layers or []) if not 0 <= i < n_layer]
         if bad:

@@ -38,9 +38,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = up(x)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * up(self.weight)).to(self.weight.dtype)
+        # F.rms_norm is one fused kernel (forward and backward) instead of five elementwise passes.
+        return F.rms_norm(up(x), (x.shape[-1],), up(self.weight), self.eps).to(self.weight.dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -54,28 +53,54 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         g = up(y) * F.silu(up(z))
-        g_grouped = g.unflatten(-1, (-1, self.group_size))
-        g_grouped = g_grouped * torch.rsqrt(g_grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        # F.rms_norm is one fused kernel; it normalizes the trailing group and takes a weight of
+        # that shape, so with one group the weight goes in, with several it is applied after.
+        if self.group_size == g.shape[-1]:
+            return F.rms_norm(g, (self.group_size,), up(self.weight), self.eps).to(y.dtype)
+        g_grouped = F.rms_norm(g.unflatten(-1, (-1, self.group_size)), (self.group_size,), None, self.eps)
         return (g_grouped.flatten(-2) * up(self.weight)).to(y.dtype)
+
+
+class _ShiftConv(torch.autograd.Function):
+    """out[t] = sum_k weight[k] * x_pad[t + k] (+ bias), depthwise, as d_conv shifted multiply-adds.
+
+    F.conv1d(groups=C) is slow on CPU, and autograd through d_conv slices of x_pad zero-fills a
+    padded-size gradient per slice; the backward here is the same shift-adds, run in place.
+    """
+
+    @staticmethod
+    def forward(ctx, x_pad_BLC: torch.Tensor, weight_KC: torch.Tensor, bias_C: torch.Tensor | None) -> torch.Tensor:
+        width = weight_KC.shape[0]
+        length = x_pad_BLC.shape[1] - width + 1
+        out_BLC = x_pad_BLC[:, 0:length] * weight_KC[0]
+        for k in range(1, width):
+            out_BLC.addcmul_(x_pad_BLC[:, k:k + length], weight_KC[k])
+        if bias_C is not None:
+            out_BLC += bias_C
+        ctx.save_for_backward(x_pad_BLC, weight_KC)
+        ctx.has_bias = bias_C is not None
+        return out_BLC
+
+    @staticmethod
+    def backward(ctx, grad_BLC: torch.Tensor):
+        x_pad_BLC, weight_KC = ctx.saved_tensors
+        width, length = weight_KC.shape[0], grad_BLC.shape[1]
+        grad_x_pad = torch.zeros_like(x_pad_BLC)
+        grad_weight = torch.empty_like(weight_KC)
+        for k in range(width):
+            grad_x_pad[:, k:k + length].addcmul_(grad_BLC, weight_KC[k])
+            grad_weight[k] = (grad_BLC * x_pad_BLC[:, k:k + length]).sum((0, 1))
+        return grad_x_pad, grad_weight, grad_BLC.sum((0, 1)) if ctx.has_bias else None
 
 
 def causal_conv(xBC_BLC: torch.Tensor, weight_CK: torch.Tensor, bias_C: torch.Tensor | None,
                 conv_state_BCW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv continuing from the last W inputs, as shift-and-add.
-
-    F.conv1d(groups=C) has a pathologically slow backward on CPU; d_conv shifted multiply-adds
-    are cheap and make carrying the window trivial.
-    """
-    length = xBC_BLC.shape[1]
+    """Depthwise causal conv continuing from the last W inputs (carrying the window is a concat)."""
     width = weight_CK.shape[1]
     x_pad_BLC = torch.cat([conv_state_BCW.transpose(1, 2).to(xBC_BLC.dtype), xBC_BLC], dim=1)
-    out = x_pad_BLC[:, 0:length] * weight_CK[:, 0]
-    for k in range(1, width):
-        out = out + x_pad_BLC[:, k:k + length] * weight_CK[:, k]
-    if bias_C is not None:
-        out = out + bias_C
-    new_state_BCW = x_pad_BLC[:, -(width - 1):].transpose(1, 2)
-    return out, new_state_BCW
+    # weight_CK[:, k] is a strided column: contiguous taps make every multiply ~2x faster.
+    out_BLC = _ShiftConv.apply(x_pad_BLC, weight_CK.t().contiguous(), bias_C)
+    return out_BLC, x_pad_BLC[:, -(width - 1):].transpose(1, 2)
 
 
 class Mamba2Mixer(nn.Module):
@@ -150,7 +175,7 @@ class Mamba2Mixer(nn.Module):
             dt_BLH = self._dt(dt_BLH)
             y_BLHP, ssm_state_BHPN = ssd_chunked(x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN, chunk_size=cfg.chunk_size,
                                                  initial_state_BHPN=ssm_state_BHPN)
-            y_BLHP = y_BLHP + up(x_BLHP) * up(self.D)[:, None]
+            y_BLHP = torch.addcmul(y_BLHP, up(x_BLHP), up(self.D)[:, None])
             y_BLI = self.norm(y_BLHP.flatten(-2).to(u_BLD.dtype), z_BLI)
         return self.out_proj(y_BLI), ssm_state_BHPN, up(conv_state_BCW)
 

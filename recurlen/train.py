@@ -52,14 +52,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         os.replace(tmp, path)
 
 
-class FinalCheckpoint(Callback):
-    """Save last.ckpt at the end of training even when max_steps is not a multiple of the save interval."""
+class RunCheckpoint(ModelCheckpoint):
+    """step=N.ckpt every N steps plus last.ckpt, which is also written when training ends off the interval.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    The version counter is off: last.ckpt is always the same file (replaced atomically), never last-v1.ckpt.
+    """
+
+    def __init__(self, dirpath: Path, every_n_train_steps: int) -> None:
+        super().__init__(dirpath=dirpath, filename="step={step:06d}", auto_insert_metric_name=False,
+                         every_n_train_steps=every_n_train_steps, save_top_k=-1, save_last=True,
+                         enable_version_counter=False)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.save_checkpoint(str(self.path), weights_only=False)
+        super().on_train_end(trainer, pl_module)
+        # Recent Lightning saves last on train end itself; older versions do not. Never save twice.
+        if getattr(self, "_last_global_step_saved", None) != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 class RankSummary(Callback):
@@ -137,11 +145,7 @@ def build_trainer(cfg: ExperimentConfig, run_dir: Path, extra_callbacks: list[Ca
     accum = t.accumulate_grad_batches
     every_val = t.val_every_n_steps if t.val_every_n_steps > 0 else t.max_steps
     every_ckpt = t.checkpoint_every_n_steps if t.checkpoint_every_n_steps > 0 else t.max_steps
-    checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step:06d}",
-                                  auto_insert_metric_name=False, every_n_train_steps=every_ckpt, save_top_k=-1,
-                                  save_last=True)
-    callbacks = [checkpoints, FinalCheckpoint(run_dir / "checkpoints" / "last.ckpt"),
-                 RankSummary(run_dir / "ranks"), *extra_callbacks]
+    callbacks = [RunCheckpoint(run_dir / "checkpoints", every_ckpt), RankSummary(run_dir / "ranks"), *extra_callbacks]
     plugins: list = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=t.slurm_auto_requeue))

@@ -198,3 +198,20 @@ def test_padded_vocab_rows_are_not_in_logits():
     assert model.config.padded_vocab_size == 264
     logits, _ = model(torch.randint(0, 257, (1, 4)))
     assert logits.shape[-1] == 257
+
+
+def test_causal_conv_matches_conv1d_and_gradcheck():
+    # The shift-and-add conv (hand-written backward) against F.conv1d on the same padded input.
+    from recurlen.model import causal_conv
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 9, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(5, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, generator=g, requires_grad=True)
+    s = torch.randn(2, 5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    out, new_state = causal_conv(x, w, b, s)
+    x_pad = torch.cat([s, x.transpose(1, 2)], dim=2)
+    ref = torch.nn.functional.conv1d(x_pad, w.unsqueeze(1), b, groups=5).transpose(1, 2)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(new_state, x_pad[:, :, -3:])
+    assert torch.autograd.gradcheck(lambda *a: causal_conv(*a)[0], (x, w, b, s))

@@ -67,6 +67,8 @@ def test_each_intervention_trains_end_to_end(tmp_path, cache_dir, monkeypatch, n
     rec = Recorder()
     run_dir = fit(cfg, resolved, monkeypatch, [rec])
     assert len(rec.losses) == 4 and all(torch.isfinite(torch.tensor(rec.losses)))
+    # 4 steps, saving every 100 (the default): only last.ckpt, written at the end, and no last-v1.ckpt.
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     meta = ckpt[RUN_META_KEY]
     assert ckpt["global_step"] == 4 and meta["intervention"] == name
@@ -181,6 +183,9 @@ def test_resume_after_kill_is_exact(tmp_path, cache_dir, monkeypatch, name):
     assert second.losses == full.losses[3:], (second.losses, full.losses)
     for got, want in zip(first.batches + second.batches, full.batches):
         assert all(torch.equal(got[k], want[k]) for k in want)
+    for run in ("full", "killed"):  # the resumed run replaces last.ckpt in place (no versioned copies)
+        names = sorted(p.name for p in (tmp_path / run / "checkpoints").iterdir())
+        assert names == ["last.ckpt", "step=000003.ckpt", "step=000006.ckpt"], names
     a = torch.load(tmp_path / "full" / "checkpoints" / "last.ckpt", weights_only=True)
     b = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)
     for k in a["state_dict"]:
