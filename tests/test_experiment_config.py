@@ -90,3 +90,14 @@ def test_config_errors_name_the_problem():
         load_experiment(["trainer.precision=fp8"])
     with pytest.raises(ValueError, match=r"layout='diagonal' is not supported"):
         load_experiment(["data.layout=diagonal"])
+
+
+def test_default_run_dirs_keep_models_and_interventions_apart():
+    # Runs resume from their run directory: two interventions sharing one would resume from each other.
+    dirs = {load_experiment([f"model={m}", f"intervention={i}"])[0].resolved_run_dir
+            for m in ("tiny", "780m") for i in ("tbptt", "state_passing")}
+    assert dirs == {"runs/finetune/tiny-tbptt", "runs/finetune/tiny-state_passing",
+                    "runs/finetune/780m-tbptt", "runs/finetune/780m-state_passing"}
+    assert load_experiment(["run_dir=runs/mine"])[0].resolved_run_dir == "runs/mine"
+    assert load_experiment(["experiment=passkey"])[0].resolved_run_dir == "runs/passkey/tiny-fitted_noise"
+    assert load_experiment(["experiment=copying"])[0].resolved_run_dir == "runs/copying/tiny"

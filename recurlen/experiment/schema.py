@@ -110,9 +110,11 @@ class DiagnosticsConfig:
 @dataclass
 class ExperimentConfig:
     name: str = ""
-    """Run name; the run directory defaults to runs/<name>."""
+    """Experiment name (the experiment file's); part of the default run directory."""
     run_dir: str | None = None
-    """Where checkpoints, TensorBoard logs and the resolved config go (default runs/<name>)."""
+    """Where checkpoints, TensorBoard logs and the resolved config go. Default runs/<name>/<model>-<intervention>
+    (copying: runs/copying/<model>, which holds one run per intervention and seed), so that runs of other
+    models or interventions never resume from each other's checkpoints."""
     resume: str = "auto"
     """'auto' resumes from the newest checkpoint in run_dir, 'never' starts fresh, or a .ckpt path."""
     seed: int = 0
@@ -126,7 +128,11 @@ class ExperimentConfig:
 
     @property
     def resolved_run_dir(self) -> str:
-        return self.run_dir or f"runs/{self.name}"
+        if self.run_dir:
+            return self.run_dir
+        if self.task.name == "copying":  # the sweep trains every intervention of task.copying.interventions
+            return f"runs/{self.name}/{self.model.name}"
+        return f"runs/{self.name}/{self.model.name}-{self.intervention.name}"
 
     def validate(self) -> None:
         """Rules that span sections."""
