@@ -103,6 +103,16 @@ def causal_conv(xBC_BLC: torch.Tensor, weight_CK: torch.Tensor, bias_C: torch.Te
     return out_BLC, x_pad_BLC[:, -(width - 1):].transpose(1, 2)
 
 
+# The scan's result does not depend on the chunk length, only its cost does: inside a chunk the work is
+# (chunk x chunk) elementwise passes per head, which are memory-bound on a CPU. At the official shapes
+# (chunk 256) chunks of 64 make a 130m training step ~10% faster on CPU; GPUs keep the configured one.
+CPU_MAX_CHUNK = 64
+
+
+def torch_chunk_size(configured: int, device: torch.device) -> int:
+    return configured if device.type != "cpu" else min(configured, CPU_MAX_CHUNK)
+
+
 class Mamba2Mixer(nn.Module):
     def __init__(self, cfg: Mamba2Config) -> None:
         super().__init__()
@@ -173,7 +183,8 @@ class Mamba2Mixer(nn.Module):
                                                  group_size=cfg.d_inner // cfg.ngroups)
         else:
             dt_BLH = self._dt(dt_BLH)
-            y_BLHP, ssm_state_BHPN = ssd_chunked(x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN, chunk_size=cfg.chunk_size,
+            y_BLHP, ssm_state_BHPN = ssd_chunked(x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN,
+                                                 chunk_size=torch_chunk_size(cfg.chunk_size, x_BLHP.device),
                                                  initial_state_BHPN=ssm_state_BHPN)
             y_BLHP = torch.addcmul(y_BLHP, up(x_BLHP), up(self.D)[:, None])
             y_BLI = self.norm(y_BLHP.flatten(-2).to(u_BLD.dtype), z_BLI)
@@ -322,8 +333,10 @@ class Mamba2LM(nn.Module):
         return hidden, RecurrentState.stack_layers(ssm_out, conv_out)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        # Rows past vocab_size are padding; a view that drops them keeps softmaxes honest.
-        return self.lm_head(hidden)[..., : self.config.vocab_size]
+        # Rows past vocab_size are padding and never scored. Dropping them from the weight (a contiguous
+        # view of its first rows) rather than from the logits keeps the logits contiguous, and the
+        # backward's zero-filled buffer the size of the weight, not of (tokens x vocab).
+        return F.linear(hidden, self.lm_head.weight[: self.config.vocab_size])
 
     def forward(self, input_ids: torch.Tensor, state: RecurrentState | None = None, *,
                 backend: str | None = None) -> tuple[torch.Tensor, RecurrentState]:
