@@ -176,7 +176,6 @@ def setup_notes(cfg: DemoConfig) -> list[str]:
         "With mamba-ssm's default initialisation (A in [1, 16]) models of this size did NOT fail past T in "
         "probes on 2 CPU cores (T 16 to 128, up to 12M tokens): they learn memories of at most "
         "~170 tokens, so there is nothing to fix at CPU scale. The official checkpoints do fail (the paper).",
-        "",
     ]
 
 
