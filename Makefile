@@ -82,7 +82,10 @@ tensorboard: $(STAMP) ## TensorBoard over every run under runs/
 generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) or ARGS='--checkpoint runs/x'
 	$(PY) -m recurlen.cli generate $(if $(ARGS),$(ARGS),--model $(MODEL))
 
-bench: $(STAMP) ## run the benchmark scripts (quick settings)
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
+bench: $(STAMP) ## run the CPU benchmark scripts (quick settings)
+	for b in $(filter-out benchmarks/bench_gpu.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(PY) $$b --quick || exit 1; done
 
-.PHONY: help install demo test test-slow test-gpu lint finetune fit-noise eval passkey babilong copying tensorboard generate bench
+bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their training throughput (needs CUDA + [cuda])
+	$(PY) benchmarks/bench_gpu.py $(ARGS)
+
+.PHONY: help install demo test test-slow test-gpu lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu

@@ -64,7 +64,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed training steps per configuration")
     parser.add_argument("--loader-steps", type=int, default=500, help="batches timed for loader throughput")
     parser.add_argument("--cache-dir", default=None, help="token cache (default $RECURLEN_CACHE or ~/.cache/recurlen)")
+    parser.add_argument("--quick", action="store_true", help="one shape, workers 0, fewer steps (make bench)")
     args = parser.parse_args()
+    if args.quick:
+        args.shapes, args.workers, args.steps, args.loader_steps = "64x32", "0", 8, 100
     logging.basicConfig(level=logging.WARNING)
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, layout={args.layout}")

@@ -136,7 +136,10 @@ def main() -> None:
     parser.add_argument("--skip-effrem", action="store_true")
     parser.add_argument("--worker", choices=["chunked", "unchunked"], help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="4k and 16k tokens only, no EffRem (make bench)")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.skip_effrem = [s for s in args.sizes if s <= 16384] or args.sizes[:1], True
     if args.worker:
         print(json.dumps(worker(args.worker, args.tokens, args.threads)))
         return
