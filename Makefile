@@ -52,7 +52,7 @@ test-slow: $(STAMP) ## run the slow tests too
 	$(PY) -m pytest -q -m "slow or not slow"
 
 test-gpu: $(STAMP) ## the GPU kernel tests (needs CUDA + recurlen[cuda])
-	$(PY) -m pytest -q -m gpu tests/test_gpu_kernels.py
+	$(PY) -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu_fsdp.py
 
 lint: $(STAMP) ## ruff over the whole project
 	$(PY) -m ruff check recurlen callbacks tests benchmarks

@@ -3,6 +3,7 @@ are summed across ranks (torchmetrics), and how they reach TensorBoard."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +58,19 @@ def resolve_model(pl_module: pl.LightningModule) -> torch.nn.Module:
                          "pl_module.model (a recurlen.Mamba2LM)")
     require_state_api(model)
     return model
+
+
+def full_parameters(trainer: pl.Trainer) -> contextlib.AbstractContextManager:
+    """Under FSDP each rank holds a shard of every parameter; the diagnostics call pl_module.model outside
+    the wrapped forward, so the full parameters are gathered for the duration (on every rank: a collective)
+    and dropped afterwards. A no-op for every other strategy."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if isinstance(trainer.strategy, FSDPStrategy):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False)
+    return contextlib.nullcontext()
 
 
 def resolve_train_len(pl_module: pl.LightningModule, explicit: int | None) -> int:
@@ -193,7 +207,8 @@ class DiagnosticCallback(pl.Callback):
         self.val_epochs += 1
         if self.val_epochs % self.every_n_val_epochs:
             return
-        self.evaluate(trainer, pl_module)
+        with full_parameters(trainer):
+            self.evaluate(trainer, pl_module)
         self.num_runs += 1
 
     def log_scalars(self, pl_module: pl.LightningModule, values: Mapping[str, float]) -> None:
