@@ -1,9 +1,11 @@
 """`recurlen report`: a Markdown report (tables, verdicts, plots) from evaluation results of any runs.
 
     recurlen report runs/demo/eval/results.json [more results.json or eval dirs] --out runs/demo
+    recurlen report runs/eval780m runs/passkey/780m-fitted_noise/passkey --out runs/780m   # + task results
 
 Writes <out>/report.md, <out>/results.json (all runs merged, plus the verdicts) and the PNG plots.
-Works on the CPU demo and on GPU evaluations of the official checkpoints alike.
+Works on the CPU demo and on GPU evaluations of the official checkpoints alike; the long-context tasks'
+results (passkey, BABILong, copying) get their own section (recurlen.report_tasks).
 
 Verdicts read the paired control: full - reset per position bin, where "reset" scores the same tokens
 with the state zeroed every T tokens. It removes the bin-to-bin differences of content, so:
@@ -20,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recurlen.checkpoint import atomic_write
-from recurlen.eval.plots import PLOT_NAMES, load_runs, write_plots
+from recurlen.eval.plots import PLOT_NAMES, RESULTS_NAME, load_runs, write_plots
+from recurlen.report_tasks import check_task_result, is_task_result, strip_private, task_sections
 
 GENERALIZES_TOL = 0.05
 """full - reset at most this (nats) counts as no harm from the longer context."""
@@ -149,24 +152,71 @@ def _effrem_lines(runs: Sequence[dict]) -> list[str]:
     return lines
 
 
+def read_results(paths: Sequence[str | os.PathLike]) -> tuple[list[dict], list[dict]]:
+    """(evaluation runs, task results) of results.json files or directories holding one, in order."""
+    runs, tasks = [], []
+    for path in paths:
+        p = Path(path)
+        p = p / RESULTS_NAME if p.is_dir() else p
+        if not p.is_file():
+            raise FileNotFoundError(f"no {RESULTS_NAME} at {p}")
+        data = json.loads(p.read_text())
+        if is_task_result(data):
+            tasks.append({**check_task_result(data, str(p)), "_dir": str(p.parent)})
+        elif "runs" in data:
+            runs.extend(load_runs([p]))
+            tasks.extend({**t, "_dir": str(p.parent)} for t in data.get("tasks", []))
+        else:
+            raise ValueError(f"{p} is not a recurlen results file: neither evaluation runs (a 'runs' key, from "
+                             "`recurlen eval` / `recurlen report`) nor a task result (`recurlen passkey|babilong|"
+                             "copying`)")
+    return runs, tasks
+
+
 def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.PathLike, title: str | None = None,
                  timings: Sequence[dict] | None = None, wall_seconds: float | None = None,
                  notes: Sequence[str] = ()) -> Path:
-    runs = load_runs(results)
-    if not runs:
+    """report.md, a merged results.json and the plots in out_dir, from evaluation and / or task results."""
+    runs, tasks = read_results(results)
+    if not runs and not tasks:
         raise ValueError("no runs in the given results files")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(runs, out)
+    plots = write_plots(runs, out) if runs else []
     verdicts = [run_verdict(r) for r in runs]
     checks = demo_checks(runs)
-    T = runs[0].get("train_len")
-    L = runs[0].get("seq_len")
-    lines = [f"# {title or 'recurlen report'}", "",
-             f"Generated {time.strftime('%Y-%m-%d %H:%M')}. Training context T = {T}; evaluated to L = {L} tokens "
-             f"({(L or 0) // max(T or 1, 1)}T) on {(runs[0].get('positionwise') or {}).get('num_sequences', '?')} "
-             "held-out sequences from a zero initial state.", ""]
+    lines = [f"# {title or 'recurlen report'}", ""]
+    if runs:
+        T = runs[0].get("train_len")
+        L = runs[0].get("seq_len")
+        lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M')}. Training context T = {T}; evaluated to L = {L} "
+                  f"tokens ({(L or 0) // max(T or 1, 1)}T) on "
+                  f"{(runs[0].get('positionwise') or {}).get('num_sequences', '?')} held-out sequences from a zero "
+                  "initial state.", ""]
+    else:
+        lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M')}.", ""]
     lines += list(notes) + ([""] if notes else [])
+    if runs:
+        lines += _evaluation_lines(runs, verdicts, checks, plots)
+    lines += task_sections(tasks, out)
+    if timings:
+        lines += ["## Stages", "", "| stage | seconds | reused |", "|---|---|---|"]
+        lines += [f"| {t['stage']} | {t['seconds']:.0f} | {'yes' if t['reused'] else 'no'} |" for t in timings]
+        lines += [""]
+    if wall_seconds is not None:
+        lines += [f"Total wall time: {wall_seconds / 60:.1f} min.", ""]
+    text = "\n".join(lines)
+    atomic_write(out / "report.md", lambda p: p.write_text(text))
+    merged = {"format": "recurlen.report/1", "runs": runs, "verdicts": verdicts, "checks": checks,
+              "plots": {k: PLOT_NAMES[k] for k in plots}, "timings": list(timings or []),
+              "tasks": [strip_private(t) for t in tasks]}
+    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(merged, indent=2)))
+    return out / "report.md"
+
+
+def _evaluation_lines(runs: Sequence[dict], verdicts: Sequence[dict], checks: Sequence[dict],
+                      plots: Sequence[str]) -> list[str]:
+    lines: list[str] = []
     lines += ["## Verdicts", ""] + [f"- {v['text']}" for v in verdicts] + [""]
     if checks:
         lines += ["## Demo checks", "", "| check | value | result |", "|---|---|---|"]
@@ -191,15 +241,4 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
                   "EffRem_T(t) = TV(q(.|x[0:T]), q(.|x[t:T])): how much the prediction at T still depends on the "
                   "first t tokens. Near 0 for small t means distant tokens barely matter.", ""] + eff_lines + [""]
     lines += ["## Plots", ""] + [f"![{kind}]({PLOT_NAMES[kind]})" for kind in plots] + [""]
-    if timings:
-        lines += ["## Stages", "", "| stage | seconds | reused |", "|---|---|---|"]
-        lines += [f"| {t['stage']} | {t['seconds']:.0f} | {'yes' if t['reused'] else 'no'} |" for t in timings]
-        lines += [""]
-    if wall_seconds is not None:
-        lines += [f"Total wall time: {wall_seconds / 60:.1f} min.", ""]
-    text = "\n".join(lines)
-    atomic_write(out / "report.md", lambda p: p.write_text(text))
-    merged = {"format": "recurlen.report/1", "runs": runs, "verdicts": verdicts, "checks": checks,
-              "plots": {k: PLOT_NAMES[k] for k in plots}, "timings": list(timings or [])}
-    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(merged, indent=2)))
-    return out / "report.md"
+    return lines

@@ -199,6 +199,11 @@ def test_tiny_babilong_run_writes_results_and_the_records(tmp_path):
     means = [np.mean([c["accuracy"] for c in res["cells"] if c["length"] == n]) for n in (0, 224, 300)]
     assert [res["mean_accuracy_by_length"][k] for k in ("0", "224", "300")] == pytest.approx(means)
     assert (path.parent / res["plots"]["figure"]).read_bytes()[:4] == b"\x89PNG"
+    from recurlen.report import write_report
+
+    text = write_report([path], out_dir=tmp_path / "report").read_text()
+    acc = res["accuracy"][1]  # qa2
+    assert f"| qa2 | {acc[0]:.2f} | {acc[1]:.2f} | {acc[2]:.2f} |" in text
     # the evaluated records were written in the release's format and read back by the loader
     again = load_babilong(str(path.parent / "data"), task="qa2", length="300")
     assert len(again) == 2 and [r["target"] for r in again] == [e["target"] for e in res["cells"][5]["examples"]]

@@ -88,6 +88,11 @@ def test_tiny_copying_sweep_trains_each_intervention_through_the_normal_path(tmp
         assert s["mean"] == r["char_accuracy"] and s["at_headline"]["mean"] == r["char_accuracy"]["12"]
     assert res["chance"] == pytest.approx(1 / 26)
     assert (path.parent / res["plots"]["figure"]).read_bytes()[:4] == b"\x89PNG"
+    from recurlen.report import write_report
+
+    text = write_report([path], out_dir=tmp_path / "report").read_text()
+    s = res["summary"]["state_passing"]
+    assert f"| state_passing | {s['mean']['4']:.3f} +- {s['std']['4']:.3f} | {s['mean']['12']:.3f}" in text
     # Each run went through run_finetune with its intervention: only state passing carries lane states.
     for name, carries in (("none", False), ("state_passing", True)):
         ckpt = torch.load(tmp_path / "run" / name / "seed0" / "checkpoints" / "last.ckpt", weights_only=True)

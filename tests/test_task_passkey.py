@@ -158,5 +158,12 @@ def test_tiny_passkey_run_writes_results_heatmap_and_tensorboard(tmp_path):
     acc.Reload()
     assert {"passkey/accuracy/depth_0.2", "passkey/accuracy/mean"} <= set(acc.Tags()["scalars"])
     assert [e.step for e in acc.Scalars("passkey/accuracy/mean")] == [256, 320]
+    # `recurlen report` reads the task's results.json as it is written.
+    from recurlen.report import write_report
+
+    text = write_report([path.parent], out_dir=tmp_path / "report").read_text()
+    mean = res["mean_accuracy_by_length"]
+    assert f"| run (256) | {mean['256']:.2f} | {mean['320']:.2f} |" in text
+    assert (tmp_path / "report" / "passkey_0_run.png").is_file()
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "run" / "fitted_noise.pt").is_file()  # the paper's intervention for passkey ran

@@ -1,0 +1,97 @@
+"""`recurlen report`: verdicts and demo checks on the paired control, and task results read alongside."""
+
+import json
+
+import pytest
+
+from recurlen.report import demo_checks, read_results, run_verdict, write_report
+
+BINS = ["[0,T)", "[T,2T)", "[2T,4T)", "[4T,8T)", "[8T,16T)"]
+
+
+def run(label, full_minus_reset, loss0=2.0, T=32):
+    """A run entry in the results.json format of `recurlen eval`, with the given full - reset per bin."""
+    rows, start = [], 0
+    for i, (name, fmr) in enumerate(zip(BINS, full_minus_reset)):
+        end = T if i == 0 else 2 * start
+        loss = loss0 + 0.1 * i + fmr
+        rows.append({"name": name, "start": start, "end": end, "kind": "context", "count": 64, "loss": loss,
+                     "ppl": 2.718 ** loss, "reset_loss": loss - fmr, "reset_ppl": 2.718 ** (loss - fmr),
+                     "full_minus_reset": fmr})
+        start = end
+    return {"label": label, "train_len": T, "seq_len": 16 * T,
+            "positionwise": {"train_len": T, "seq_len": 16 * T, "num_sequences": 4, "bins": rows, "log_bins": []}}
+
+
+def test_verdicts_read_full_minus_reset():
+    assert run_verdict(run("ok", [0, -0.1, 0.0, 0.04, 0.05]))["generalizes"]
+    bad = run_verdict(run("bad", [0, 0.0, 0.1, 0.3, 0.9]))
+    assert bad["fails"] and not bad["generalizes"] and bad["worst_bin"] == "[8T,16T)"
+    assert "FAILS past the training context: full - reset +0.300 in [4T,8T)" in bad["text"]
+    middling = run_verdict(run("mid", [0, 0.0, 0.1, 0.2, 0.2]))
+    assert not middling["fails"] and not middling["generalizes"] and "mostly holds" in middling["text"]
+
+
+def test_demo_checks_pass_and_miss_on_their_thresholds():
+    runs = [run("base", [0, 0, 0.1, 0.3, 0.9], loss0=2.0), run("none", [0, 0, 0.1, 0.3, 0.8]),
+            run("state_passing", [0, 0, 0.0, 0.02, 0.05], loss0=2.15),  # +7.5%: inside 8%
+            run("tbptt", [0, 0, 0.0, 0.02, 0.06], loss0=2.2)]  # +0.06 > 0.05 and +10% > 8%
+    checks = {c["check"]: c["passed"] for c in demo_checks(runs)}
+    assert checks == {
+        "baseline fails: full - reset >= +0.3 in [8T,16T)": True,
+        "state_passing fixes it: full - reset <= +0.05 in every bin up to 16T": True,
+        "state_passing keeps the [0,T) loss within 8% of the baseline's": True,
+        "tbptt fixes it: full - reset <= +0.05 in every bin up to 16T": False,
+        "tbptt keeps the [0,T) loss within 8% of the baseline's": False,
+        "plain fine-tuning (none) still fails: full - reset > +0.05 in [8T,16T)": True,
+    }
+    assert demo_checks([run("not-a-base", [0, 0, 0, 0, 0])]) == []  # no base: not a demo, no checks
+
+
+def test_report_says_plainly_what_missed(tmp_path):
+    results = tmp_path / "eval" / "results.json"
+    results.parent.mkdir()
+    results.write_text(json.dumps({"format": "recurlen.eval/1", "runs": [
+        run("base", [0, 0, 0.1, 0.3, 0.2]), run("tbptt", [0, 0, 0.0, 0.0, 0.0])]}))
+    text = write_report([results.parent], out_dir=tmp_path / "out").read_text()
+    assert "| baseline fails: full - reset >= +0.3 in [8T,16T) | +0.200 | MISS |" in text
+    assert "**2 of 3 checks passed.** Missed: baseline fails" in text
+    merged = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["label"] for r in merged["runs"]] == ["base", "tbptt"] and merged["tasks"] == []
+
+
+def test_task_results_are_read_next_to_evaluations(tmp_path):
+    passkey = {"format": "recurlen.tasks.passkey/1", "task": "passkey", "model": "runs/passkey/tiny-fitted_noise",
+               "train_len": 256, "trials": 4, "lengths": [256, 1024], "depths": [0.1, 0.9],
+               "accuracy": [[1.0, 0.25], [0.75, 0.5]], "mean_accuracy_by_length": {"256": 0.875, "1024": 0.375}}
+    copying = {"format": "recurlen.tasks.copying/1", "task": "copying", "model": "runs/copying/tiny",
+               "train_length": 8, "headline_length": 24, "chance": 1 / 26, "lengths": [8, 24],
+               "runs": [{"intervention": "none", "seed": 0}],  # a task result, despite its 'runs' key
+               "summary": {"none": {"mean": {"8": 1.0, "24": 0.0917}, "std": {"8": 0.0, "24": 0.055}}}}
+    for name, data in (("pk", passkey), ("cp", copying)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(data))
+    runs, tasks = read_results([tmp_path / "pk", tmp_path / "cp" / "results.json"])
+    assert runs == [] and [t["task"] for t in tasks] == ["passkey", "copying"]
+    text = write_report([tmp_path / "pk", tmp_path / "cp"], out_dir=tmp_path / "out").read_text()
+    assert "| tiny-fitted_noise (256) | 0.88 | 0.38 |" in text  # mean over depths, by length
+    assert "| 0.9 | 0.75 | 0.50 |" in text  # the depth x length grid
+    assert "| none | 1.000 +- 0.000 | 0.092 +- 0.055 |" in text
+    assert "## Verdicts" not in text  # no evaluation runs were given
+    # The merged results.json carries the tasks: a report of reports keeps them.
+    again = write_report([tmp_path / "out"], out_dir=tmp_path / "again").read_text()
+    assert "| tiny-fitted_noise (256) | 0.88 | 0.38 |" in again
+
+
+def test_bad_results_files_are_clear_errors(tmp_path):
+    (tmp_path / "x.json").write_text(json.dumps({"format": "something/1", "rows": []}))
+    with pytest.raises(ValueError, match="is not a recurlen results file: neither evaluation runs"):
+        read_results([tmp_path / "x.json"])
+    (tmp_path / "y.json").write_text(json.dumps({"format": "recurlen.tasks.passkey/1", "task": "passkey"}))
+    with pytest.raises(ValueError, match=r"passkey result lacks \['lengths', 'depths', 'accuracy'\]"):
+        read_results([tmp_path / "y.json"])
+    (tmp_path / "z.json").write_text(json.dumps({"format": "recurlen.tasks.sudoku/1", "task": "sudoku"}))
+    with pytest.raises(ValueError, match=r"task='sudoku'; known tasks: \['passkey', 'babilong', 'copying'\]"):
+        read_results([tmp_path / "z.json"])
+    with pytest.raises(FileNotFoundError, match="no results.json"):
+        read_results([tmp_path / "missing"])
