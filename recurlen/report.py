@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recurlen.checkpoint import atomic_write
-from recurlen.eval.plots import PLOT_NAMES, RESULTS_NAME, load_runs, write_plots
+from recurlen.eval.plots import PLOT_NAMES, load_runs, results_file, write_plots
 from recurlen.report_tasks import check_task_result, is_task_result, strip_private, task_sections
 
 GENERALIZES_TOL = 0.05
@@ -156,10 +156,7 @@ def read_results(paths: Sequence[str | os.PathLike]) -> tuple[list[dict], list[d
     """(evaluation runs, task results) of results.json files or directories holding one, in order."""
     runs, tasks = [], []
     for path in paths:
-        p = Path(path)
-        p = p / RESULTS_NAME if p.is_dir() else p
-        if not p.is_file():
-            raise FileNotFoundError(f"no {RESULTS_NAME} at {p}")
+        p = results_file(path)
         data = json.loads(p.read_text())
         if is_task_result(data):
             tasks.append({**check_task_result(data, str(p)), "_dir": str(p.parent)})

@@ -120,3 +120,21 @@ def check_vocab_fits(tokenizer: Tokenizer, model_vocab_size: int) -> None:
     if tokenizer.vocab_size > model_vocab_size:
         raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} ids but the model's vocabulary "
                          f"holds {model_vocab_size}; use a model with vocab_size >= {tokenizer.vocab_size}")
+
+
+class UsesTokenizer:
+    """What the training loop asks of a DataModule about its tokenizer (the data and the task modules share it)."""
+
+    tokenizer: Tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    def check_model_vocab(self, model_vocab_size: int) -> None:
+        """ValueError if the tokenizer produces ids the model has no embedding row for."""
+        check_vocab_fits(self.tokenizer, model_vocab_size)

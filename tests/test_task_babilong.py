@@ -180,17 +180,10 @@ def test_training_examples_fit_the_context_and_score_the_answer():
     assert PROMPT.count("{input}") == 1
 
 
-def test_tiny_babilong_run_writes_results_and_the_records(tmp_path):
-    from recurlen.experiment.compose import load_experiment
-    from recurlen.tasks.runner import run_task
-
-    cfg, resolved = load_experiment([
-        "experiment=babilong", "model=nano", "data.seq_len=224", "data.batch_size=2", "trainer.max_steps=2",
-        "trainer.val_every_n_steps=2", "trainer.limit_val_batches=1", "trainer.progress_bar=false",
-        "trainer.num_threads=1",
-        "intervention.fit_batches=1", "task.lengths=[0,224,300]", "task.trials=2", "task.babilong.num_facts=3",
-        "task.babilong.haystack=filler", "task.val_batches=1", f"run_dir={tmp_path}/run"])
-    path = run_task(cfg, resolved)
+def test_tiny_babilong_run_writes_results_and_the_records(tmp_path, run_tiny_task):
+    path = run_tiny_task("babilong", "data.seq_len=224", "data.batch_size=2", "trainer.max_steps=2",
+                         "trainer.val_every_n_steps=2", "intervention.fit_batches=1", "task.lengths=[0,224,300]",
+                         "task.trials=2", "task.babilong.num_facts=3", "task.babilong.haystack=filler")
     res = json.loads(path.read_text())
     assert res["format"] == "recurlen.tasks.babilong/1" and res["tasks"] == ["qa1", "qa2", "qa3"]
     assert res["labels"] == ["0k", "224", "300"] and np.array(res["accuracy"]).shape == (3, 3)

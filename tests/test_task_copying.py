@@ -67,18 +67,12 @@ def test_config_and_tokenizer_errors(tmp_path):
         CopyingConfig(alphabet_size=40)
 
 
-def test_tiny_copying_sweep_trains_each_intervention_through_the_normal_path(tmp_path):
+def test_tiny_copying_sweep_trains_each_intervention_through_the_normal_path(tmp_path, run_tiny_task):
     from recurlen.checkpoint import RUN_META_KEY
-    from recurlen.experiment.compose import load_experiment
-    from recurlen.tasks.runner import run_task
 
-    cfg, resolved = load_experiment([
-        "experiment=copying", "model=nano", "data.seq_len=9", "data.batch_size=4", "trainer.max_steps=3",
-        "trainer.val_every_n_steps=3", "trainer.limit_val_batches=1", "trainer.progress_bar=false",
-        "trainer.num_threads=1",
-        "task.copying.length=4", "task.copying.seeds=[0]", "task.lengths=[4,12]", "task.trials=4",
-        "task.val_batches=1", f"run_dir={tmp_path}/run"])
-    path = run_task(cfg, resolved)
+    path = run_tiny_task("copying", "data.seq_len=9", "data.batch_size=4", "trainer.max_steps=3",
+                         "trainer.val_every_n_steps=3", "task.copying.length=4", "task.copying.seeds=[0]",
+                         "task.lengths=[4,12]", "task.trials=4")
     res = json.loads(path.read_text())
     assert res["format"] == "recurlen.tasks.copying/1" and res["headline_length"] == 12
     assert [(r["intervention"], r["seed"]) for r in res["runs"]] == [("none", 0), ("state_passing", 0)]

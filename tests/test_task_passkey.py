@@ -131,19 +131,12 @@ def test_passkey_datamodule_rows_and_loss_mask():
     assert len(val) == 4 and not torch.equal(val[0]["input_ids"], b["input_ids"])
 
 
-def test_tiny_passkey_run_writes_results_heatmap_and_tensorboard(tmp_path):
+def test_tiny_passkey_run_writes_results_heatmap_and_tensorboard(tmp_path, run_tiny_task):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from recurlen.experiment.compose import load_experiment
-    from recurlen.tasks.runner import run_task
-
-    cfg, resolved = load_experiment([
-        "experiment=passkey", "model=nano", "data.seq_len=256", "data.batch_size=2", "trainer.max_steps=2",
-        "trainer.val_every_n_steps=2", "trainer.limit_val_batches=1", "trainer.progress_bar=false",
-        "trainer.num_threads=1",
-        "intervention.fit_batches=1", "task.lengths=[256,320]", "task.trials=2", "task.passkey.depths=[0.2,0.8]",
-        "task.val_batches=1", f"run_dir={tmp_path}/run"])
-    path = run_task(cfg, resolved)
+    path = run_tiny_task("passkey", "data.seq_len=256", "data.batch_size=2", "trainer.max_steps=2",
+                         "trainer.val_every_n_steps=2", "intervention.fit_batches=1", "task.lengths=[256,320]",
+                         "task.trials=2", "task.passkey.depths=[0.2,0.8]")
     assert path == tmp_path / "run" / "passkey" / "results.json"
     res = json.loads(path.read_text())
     assert res["format"] == "recurlen.tasks.passkey/1" and res["train_len"] == 256

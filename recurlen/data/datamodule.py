@@ -29,7 +29,7 @@ from recurlen.data.config import DataConfig
 from recurlen.data.corpus import Corpus, load_corpus
 from recurlen.data.lanes import global_lanes
 from recurlen.data.stream import HeldOut, TrainSampler, make_batch
-from recurlen.tokenizer import Tokenizer, check_vocab_fits, load_tokenizer
+from recurlen.tokenizer import Tokenizer, UsesTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class FixedBatches(IterableDataset):
         return iter(self.batches)
 
 
-class RecurlenDataModule(L.LightningDataModule):
+class RecurlenDataModule(UsesTokenizer, L.LightningDataModule):
     """Train lanes, fixed held-out validation segments and long validation sequences from one corpus."""
 
     def __init__(self, cfg: DataConfig, *, rank: int | None = None, world_size: int | None = None) -> None:
@@ -85,18 +85,6 @@ class RecurlenDataModule(L.LightningDataModule):
         self._long_val: dict[tuple[int, int, str], torch.Tensor] = {}
         self._next_step = 0
 
-    # ----- tokenizer -----
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-    @property
-    def eos_id(self) -> int:
-        return self.tokenizer.eos_id
-
-    def check_model_vocab(self, model_vocab_size: int) -> None:
-        """ValueError if the tokenizer produces ids the model has no embedding row for."""
-        check_vocab_fits(self.tokenizer, model_vocab_size)
 
     # ----- Lightning hooks -----
     def prepare_data(self) -> None:

@@ -36,14 +36,20 @@ STAT_TITLES = {"ssm_norm": "SSM state norm", "ssm_std": "SSM state std", "conv_n
                "conv_std": "conv state std"}
 
 
+def results_file(path: str | os.PathLike) -> Path:
+    """A results.json file, given it or the directory holding it."""
+    p = Path(path)
+    p = p / RESULTS_NAME if p.is_dir() else p
+    if not p.is_file():
+        raise FileNotFoundError(f"no {RESULTS_NAME} at {p}")
+    return p
+
+
 def load_runs(paths: Iterable[str | os.PathLike]) -> list[dict]:
     """All run entries of several results.json files (or directories holding one), in order."""
     runs = []
     for path in paths:
-        p = Path(path)
-        p = p / RESULTS_NAME if p.is_dir() else p
-        if not p.is_file():
-            raise FileNotFoundError(f"no {RESULTS_NAME} at {p}")
+        p = results_file(path)
         data = json.loads(p.read_text())
         if "runs" not in data:
             raise ValueError(f"{p} is not a recurlen results file (no 'runs' key)")

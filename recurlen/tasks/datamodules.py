@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from recurlen.data.datamodule import FixedBatches, TrainBatches
 from recurlen.data.lanes import global_lanes
 from recurlen.tasks.common import TaskExample, rows_from_examples
-from recurlen.tokenizer import Tokenizer, check_vocab_fits, load_tokenizer
+from recurlen.tokenizer import Tokenizer, UsesTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from recurlen.experiment.schema import ExperimentConfig
@@ -40,7 +40,7 @@ _TRAIN, _VAL = 0, 1  # separate random streams: validation examples never appear
 ExampleFn = Callable[[np.random.Generator], TaskExample]
 
 
-class TaskDataModule(L.LightningDataModule):
+class TaskDataModule(UsesTokenizer, L.LightningDataModule):
     """Batches of independent task examples; `make_example(rng)` draws one example at the training length."""
 
     def __init__(self, make_example: ExampleFn, *, tokenizer: Tokenizer, tokenizer_spec: str, seq_len: int,
@@ -59,17 +59,6 @@ class TaskDataModule(L.LightningDataModule):
         self._next_step = 0
         self.make_example(np.random.default_rng(0))  # fail at construction, not at step 0, if the config cannot work
 
-    # ----- the contract shared with RecurlenDataModule -----
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-    @property
-    def eos_id(self) -> int:
-        return self.tokenizer.eos_id
-
-    def check_model_vocab(self, model_vocab_size: int) -> None:
-        check_vocab_fits(self.tokenizer, model_vocab_size)
 
     @property
     def lanes(self) -> np.ndarray:
