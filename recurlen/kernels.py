@@ -85,8 +85,12 @@ def causal_conv_kernel(xBC_BLC: torch.Tensor, weight_CK: torch.Tensor, bias_C: t
     fn = _causal_conv1d()
     if fn is None:
         return None
-    # causal-conv1d takes initial states only in channel-last layout (stride 1 over channels).
-    x_BCL = xBC_BLC.transpose(1, 2)
+    # causal-conv1d takes initial states only in channel-last layout (stride 1 over channels), with the
+    # other strides multiples of 8. xBC is a column slice of in_proj's output: made contiguous its
+    # strides are (L*C, C, 1), so the channel count decides; otherwise the PyTorch conv does the work.
+    if xBC_BLC.shape[-1] % 8:
+        return None
+    x_BCL = xBC_BLC.contiguous().transpose(1, 2)
     init_BCW = conv_state_BCW.to(xBC_BLC.dtype).transpose(1, 2).contiguous().transpose(1, 2)
     out_BCL, final_BCW = fn(x_BCL, weight_CK, bias_C, initial_states=init_BCW, return_final_states=True,
                             activation="silu")
