@@ -51,7 +51,7 @@ test: $(STAMP) ## run the default (CPU) test suite
 test-slow: $(STAMP) ## run the slow tests too
 	$(PY) -m pytest -q -m "slow or not slow"
 
-test-gpu: $(STAMP) ## the GPU kernel tests (needs CUDA + recurlen[cuda])
+test-gpu: $(STAMP) ## the GPU tests: kernels == torch backend, FSDP run (needs CUDA + recurlen[cuda])
 	$(PY) -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu_fsdp.py
 
 lint: $(STAMP) ## ruff over the whole project
