@@ -19,20 +19,6 @@ import torch
 import torch.nn.functional as F
 
 
-def segsum(a: torch.Tensor) -> torch.Tensor:
-    """out[..., i, j] = a[..., j+1] + ... + a[..., i] for i >= j, -inf above the diagonal.
-
-    Computed as a masked cumulative sum rather than cumsum[i] - cumsum[j]: the difference of two
-    large cumulative sums loses precision in float32, the masked sum never forms them.
-    """
-    T = a.shape[-1]
-    a_TT = a.unsqueeze(-1).expand(*a.shape, T)  # [..., i, j] = a[..., i]
-    strictly_lower = torch.tril(torch.ones(T, T, dtype=torch.bool, device=a.device), diagonal=-1)
-    seg = a_TT.masked_fill(~strictly_lower, 0.0).cumsum(dim=-2)
-    lower = torch.tril(torch.ones(T, T, dtype=torch.bool, device=a.device), diagonal=0)
-    return seg.masked_fill(~lower, float("-inf"))
-
-
 def up(t: torch.Tensor) -> torch.Tensor:
     """At least float32 (float64 stays float64, so the oracle can run in double precision)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from recurlen.ssd import segsum, ssd_chunked, ssd_naive
+from recurlen.ssd import _ChunkDecay, ssd_chunked, ssd_naive
 
 
 def _inputs(batch=2, length=37, nheads=4, headdim=8, d_state=5, ngroups=2, seed=0):
@@ -54,21 +54,22 @@ def test_float32_inputs_computed_in_float32_and_close_to_float64():
     torch.testing.assert_close(h32.double(), h64, rtol=1e-4, atol=1e-4)
 
 
-def test_segsum_is_stable_and_masked():
+def test_chunk_decay_is_stable_and_masked():
     a = -torch.rand(2, 300, dtype=torch.float64) * 5
-    seg = segsum(a)
+    decay = _ChunkDecay.apply(a)
     cs = a.cumsum(-1)
     i, j = 250, 3
-    assert seg[0, i, j].item() == pytest.approx((cs[0, i] - cs[0, j]).item(), rel=1e-12)
-    assert torch.isneginf(seg[0, j, i])
-    assert (torch.diagonal(seg, dim1=-2, dim2=-1) == 0).all()
-    # In float32, short segments late in a long chunk stay accurate: the masked sum never forms the
-    # large cumulative sums whose difference would cancel (cs[i] - cs[j] ~ -600 + 599).
-    seg32 = segsum(a.float()).double()
-    naive32 = (a.float().cumsum(-1)[0, 290] - a.float().cumsum(-1)[0, 288]).double()
-    truth = seg[0, 290, 288]
-    assert abs(seg32[0, 290, 288] - truth) < 1e-6
-    assert abs(naive32 - truth) > abs(seg32[0, 290, 288] - truth)
+    assert decay[0, i, j].item() == pytest.approx(torch.exp(cs[0, i] - cs[0, j]).item(), rel=1e-10)
+    assert decay[0, j, i] == 0  # nothing above the diagonal
+    assert (torch.diagonal(decay, dim1=-2, dim2=-1) == 1).all()
+    # In float32, short segments late in a long chunk stay accurate: the cumulative sums are taken in
+    # float64, so their difference does not cancel (cs[i] - cs[j] ~ -600 + 599).
+    seg_true = (cs[0, 290] - cs[0, 288]).item()
+    decay32 = _ChunkDecay.apply(a.float())[0, 290, 288].double()
+    naive32 = torch.exp((a.float().cumsum(-1)[0, 290] - a.float().cumsum(-1)[0, 288]).double())
+    truth = torch.exp(torch.tensor(seg_true, dtype=torch.float64))
+    assert abs(decay32 - truth) < 1e-6
+    assert abs(naive32 - truth) > abs(decay32 - truth)
 
 
 @pytest.mark.parametrize("ngroups,chunk_size,length", [(1, 8, 37), (2, 16, 64), (4, 5, 13)])

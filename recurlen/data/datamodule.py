@@ -85,7 +85,6 @@ class RecurlenDataModule(UsesTokenizer, L.LightningDataModule):
         self._long_val: dict[tuple[int, int, str], torch.Tensor] = {}
         self._next_step = 0
 
-
     # ----- Lightning hooks -----
     def prepare_data(self) -> None:
         # Runs once per node before setup on every rank: the others then find the finished cache.
