@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recurlen.checkpoint import atomic_write
-from recurlen.eval.plots import PLOT_NAMES, load_runs, results_file, write_plots
+from recurlen.eval.plots import PLOT_NAMES, results_file, write_plots
 from recurlen.report_tasks import check_task_result, is_task_result, strip_private, task_sections
 
 GENERALIZES_TOL = 0.05
@@ -161,8 +161,8 @@ def read_results(paths: Sequence[str | os.PathLike]) -> tuple[list[dict], list[d
         if is_task_result(data):
             tasks.append({**check_task_result(data, str(p)), "_dir": str(p.parent)})
         elif "runs" in data:
-            runs.extend(load_runs([p]))
-            tasks.extend({**t, "_dir": str(p.parent)} for t in data.get("tasks", []))
+            runs.extend(data["runs"])
+            tasks.extend({**check_task_result(t, str(p)), "_dir": str(p.parent)} for t in data.get("tasks", []))
         else:
             raise ValueError(f"{p} is not a recurlen results file: neither evaluation runs (a 'runs' key, from "
                              "`recurlen eval` / `recurlen report`) nor a task result (`recurlen passkey|babilong|"
