@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from recurlen.checkpoint import atomic_write
 from recurlen.eval.state_stats import STATE_STATS
 
 RESULTS_NAME = "results.json"
@@ -202,9 +203,7 @@ def figures_for(runs: Sequence[dict]) -> dict[str, Figure]:
 def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 120) -> Path:
     """PNG written atomically (a report reading the directory never sees half a file)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=dpi)
-    os.replace(tmp, path)
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=dpi))
     return path
 
 

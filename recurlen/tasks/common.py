@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from recurlen.checkpoint import atomic_write
 from recurlen.generation import greedy_generate
 from recurlen.model import Mamba2LM
 
@@ -91,9 +91,8 @@ def greedy_answers(model: Mamba2LM, prompts: Sequence[Sequence[int]], *, max_new
 def write_json(path: Path, obj: Any) -> None:
     """Atomically (temporary sibling + rename): a reader never sees half a results file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_finite(obj), indent=1))
-    os.replace(tmp, path)
+    text = json.dumps(_finite(obj), indent=1)
+    atomic_write(path, lambda p: p.write_text(text))
 
 
 def _finite(obj: Any) -> Any:
@@ -109,9 +108,7 @@ def _finite(obj: Any) -> Any:
 
 def save_figure(fig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110, bbox_inches="tight"))
 
 
 def tensorboard_log(directory: Path, *, scalars: dict[str, list[tuple[int, float]]], figures: dict[str, Any]) -> None:

@@ -59,7 +59,6 @@ class TaskDataModule(UsesTokenizer, L.LightningDataModule):
         self._next_step = 0
         self.make_example(np.random.default_rng(0))  # fail at construction, not at step 0, if the config cannot work
 
-
     @property
     def lanes(self) -> np.ndarray:
         return global_lanes(self.rank, self.world_size, self.batch_size)
