@@ -1,0 +1,163 @@
+"""Mamba-1 model configuration and named presets.
+
+Field names follow the official state-spaces/mamba-* `config.json` (top level) and mamba-ssm's
+`Mamba` constructor (the `ssm_cfg` block, which for Mamba-1 has no `layer` key or `layer: Mamba1`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from recurlen.config import BACKENDS
+
+
+@dataclass
+class Mamba1Config:
+    d_model: int = 128
+    """Width of the residual stream."""
+    n_layer: int = 2
+    """Number of Mamba-1 blocks."""
+    vocab_size: int = 257
+    """Tokenizer vocabulary; the embedding is padded up to `pad_vocab_size_multiple`."""
+    pad_vocab_size_multiple: int = 8
+    """Embedding rows are rounded up to a multiple of this (official models: 8 -> 50280)."""
+    tie_embeddings: bool = True
+    """LM head shares the embedding matrix (all official Mamba-1 checkpoints)."""
+    d_state: int = 16
+    """SSM state size N per channel."""
+    d_conv: int = 4
+    """Width of the depthwise causal conv on x."""
+    expand: int = 2
+    """d_inner = expand * d_model."""
+    dt_rank: int | str = "auto"
+    """Rank of the dt projection; 'auto' = ceil(d_model / 16) (mamba-ssm default)."""
+    chunk_size: int = 32
+    """Time steps per chunk of the CPU scan. Any positive value gives the same result; it trades cache for calls."""
+    dt_min: float = 0.001
+    """Initial dt is log-uniform in [dt_min, dt_max] (mamba-ssm default)."""
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+    dt_scale: float = 1.0
+    """dt_proj.weight is initialised uniformly in +- dt_scale / sqrt(dt_rank)."""
+    conv_bias: bool = True
+    bias: bool = False
+    """Bias in in_proj / out_proj (official: False)."""
+    norm_eps: float = 1e-5
+    rms_norm: bool = True
+    residual_in_fp32: bool = True
+    initializer_range: float = 0.02
+    """Std of the embedding init when training from scratch."""
+
+    def __post_init__(self) -> None:
+        if self.dt_rank == "auto":
+            self.dt_rank = math.ceil(self.d_model / 16)
+        for name in ("d_model", "n_layer", "vocab_size", "d_state", "d_conv", "expand", "dt_rank", "chunk_size",
+                     "pad_vocab_size_multiple"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"model config: {name} must be a positive integer; got {value!r}")
+        if self.d_conv < 2:
+            raise ValueError(f"model config: d_conv must be >= 2 (the conv carries d_conv-1 inputs); got {self.d_conv}")
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f"model config: need 0 < dt_min <= dt_max; got {self.dt_min}, {self.dt_max}")
+        if not self.rms_norm:
+            raise ValueError("model config: only rms_norm=True is supported (all official Mamba-1 checkpoints)")
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_size_multiple
+        return int(math.ceil(self.vocab_size / m) * m)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Mamba1Config:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"model config: unknown keys {unknown}; allowed: {sorted(known)}")
+        return cls(**d)
+
+    # ------------------------------------------------------------------ official config.json
+    def to_official_json(self) -> dict[str, Any]:
+        """The config.json layout of the state-spaces/mamba-* checkpoints (no `layer`: Mamba-1)."""
+        ssm_cfg = {name: getattr(self, name) for name in ("d_state", "d_conv", "expand", "dt_rank", "dt_min",
+                                                          "dt_max", "dt_init_floor", "dt_scale", "conv_bias", "bias")}
+        return {
+            "d_model": self.d_model,
+            "n_layer": self.n_layer,
+            "vocab_size": self.vocab_size,
+            "ssm_cfg": ssm_cfg,
+            "rms_norm": self.rms_norm,
+            "residual_in_fp32": self.residual_in_fp32,
+            "fused_add_norm": True,
+            "pad_vocab_size_multiple": self.pad_vocab_size_multiple,
+            "tie_embeddings": self.tie_embeddings,
+        }
+
+    @classmethod
+    def from_official_json(cls, cfg: dict[str, Any], *, source: str = "config.json") -> Mamba1Config:
+        ssm_cfg = dict(cfg.get("ssm_cfg") or {})
+        layer = ssm_cfg.pop("layer", "Mamba1")
+        if layer != "Mamba1":
+            raise ValueError(f"{source}: ssm_cfg.layer is {layer!r}; a Mamba-1 checkpoint has no layer key or 'Mamba1'")
+        if cfg.get("attn_layer_idx"):
+            raise ValueError(f"{source}: hybrid attention layers (attn_layer_idx={cfg['attn_layer_idx']}) "
+                             "are not supported")
+        if cfg.get("d_intermediate", 0):
+            raise ValueError(f"{source}: d_intermediate={cfg['d_intermediate']} (MLP blocks) is not supported; need 0")
+        for name in ("d_model", "n_layer", "vocab_size"):
+            if name not in cfg:
+                raise ValueError(f"{source}: missing required key {name!r}")
+        supported_ssm = {"d_state", "d_conv", "expand", "dt_rank", "dt_min", "dt_max", "dt_init_floor", "dt_scale",
+                         "conv_bias", "bias"}
+        ignored_ok = {"dt_init", "use_fast_path"}
+        if ssm_cfg.get("dt_init", "random") not in ("random", "constant"):
+            raise ValueError(f"{source}: ssm_cfg.dt_init={ssm_cfg['dt_init']!r}; allowed 'random', 'constant'")
+        unknown = sorted(set(ssm_cfg) - supported_ssm - ignored_ok)
+        if unknown:
+            raise ValueError(f"{source}: unknown ssm_cfg keys {unknown}; supported: {sorted(supported_ssm)}")
+        kwargs = {k: v for k, v in ssm_cfg.items() if k in supported_ssm}
+        return cls(
+            d_model=cfg["d_model"],
+            n_layer=cfg["n_layer"],
+            vocab_size=cfg["vocab_size"],
+            pad_vocab_size_multiple=cfg.get("pad_vocab_size_multiple", 8),
+            tie_embeddings=cfg.get("tie_embeddings", True),
+            rms_norm=cfg.get("rms_norm", True),
+            residual_in_fp32=cfg.get("residual_in_fp32", True),
+            **kwargs,
+        )
+
+
+# Official checkpoint shapes (state-spaces/mamba-*): GPT-NeoX-20B tokenizer, 50277 -> 50280.
+_OFFICIAL = dict(vocab_size=50277, pad_vocab_size_multiple=8, d_state=16, expand=2)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Small CPU presets (byte-level vocabulary of the embedded corpus).
+    "nano": dict(d_model=64, n_layer=2, d_state=8),
+    "tiny": dict(d_model=128, n_layer=2, d_state=16),
+    # Official state-spaces/mamba-* shapes.
+    "130m": dict(d_model=768, n_layer=24, **_OFFICIAL),
+    "370m": dict(d_model=1024, n_layer=48, **_OFFICIAL),
+    "790m": dict(d_model=1536, n_layer=48, **_OFFICIAL),
+    "1.4b": dict(d_model=2048, n_layer=48, **_OFFICIAL),
+    "2.8b": dict(d_model=2560, n_layer=64, **_OFFICIAL),
+}
+
+
+def preset(name: str, **overrides: Any) -> Mamba1Config:
+    """A named Mamba-1 shape, optionally with fields overridden."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown Mamba-1 preset {name!r}; allowed: {sorted(PRESETS)}")
+    return Mamba1Config(**{**PRESETS[name], **overrides})
+
+
+__all__ = ["BACKENDS", "PRESETS", "Mamba1Config", "preset"]
