@@ -12,14 +12,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
+import torch.nn as nn
 
 from recurlen.config import Mamba2Config
-
-if TYPE_CHECKING:
-    from recurlen.model import Mamba2LM
+from recurlen.files import save_torch, write_text
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +87,8 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{directory} has neither {WEIGHTS_NAME} nor {SAFETENSORS_NAME}")
 
 
-def load_pretrained(cls: type[Mamba2LM], path_or_hub_id: str, *, backend: str, device, dtype: torch.dtype) -> Mamba2LM:
+def load_pretrained(cls: type[nn.Module], path_or_hub_id: str, *, backend: str, device,
+                    dtype: torch.dtype) -> nn.Module:
     directory = resolve_pretrained_dir(path_or_hub_id)
     config = read_config(directory)
     state_dict = read_state_dict(directory)
@@ -98,7 +97,7 @@ def load_pretrained(cls: type[Mamba2LM], path_or_hub_id: str, *, backend: str, d
     return model.to(device=device, dtype=dtype)
 
 
-def load_official_state_dict(model: Mamba2LM, state_dict: dict[str, torch.Tensor], *, source: str) -> None:
+def load_official_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], *, source: str) -> None:
     """Strict load with fp32 upcast; the tied head may be present or absent."""
     state_dict = dict(state_dict)
     head, emb = state_dict.get("lm_head.weight"), state_dict.get("backbone.embedding.weight")
@@ -121,67 +120,14 @@ def load_official_state_dict(model: Mamba2LM, state_dict: dict[str, torch.Tensor
     model.load_state_dict({k: v.float() for k, v in state_dict.items()}, strict=True)
 
 
-def atomic_write(path: Path, write) -> None:
-    """Write to a temporary sibling and rename: a crash never leaves a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def save_pretrained(model: Mamba2LM, directory: str, *, dtype: torch.dtype = torch.float32) -> None:
+def save_pretrained(model: nn.Module, directory: str, *, dtype: torch.dtype = torch.float32) -> None:
     """Official layout; float32 by default so that a round trip is exact (pass float16 to match the hub)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     official = json.dumps(model.config.to_official_json(), indent=2)
     own = json.dumps(model.config.to_dict(), indent=2)
-    atomic_write(out / CONFIG_NAME, lambda p: p.write_text(official))
-    atomic_write(out / RECURLEN_CONFIG_NAME, lambda p: p.write_text(own))
+    write_text(out / CONFIG_NAME, official)
+    write_text(out / RECURLEN_CONFIG_NAME, own)
     # The official files store both tied keys; clone so the two are separate storages in the file.
     state = {k: v.detach().to("cpu", dtype).clone() for k, v in model.state_dict().items()}
-    atomic_write(out / WEIGHTS_NAME, lambda p: torch.save(state, p))
-
-
-# ---------------------------------------------------------------------------------------------
-# Any model checkpoint recurlen can evaluate: an official-format directory, a hub id in the cache,
-# or a Lightning checkpoint written by `recurlen finetune` (keys prefixed "model.", with the model
-# config and data facts stored under RUN_META_KEY by the LightningModule).
-RUN_META_KEY = "recurlen"
-
-
-class LoadedModel:
-    """A model plus what is known of how it was trained (None where the source does not say)."""
-
-    def __init__(self, model: Mamba2LM, *, tokenizer: str | None, train_seq_len: int | None, source: str) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.train_seq_len = train_seq_len
-        self.source = source
-
-
-def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
-    """Load a Lightning run checkpoint (.ckpt, or a run directory with checkpoints/last.ckpt) or a pretrained dir."""
-    from recurlen.model import Mamba2LM
-
-    p = Path(path).expanduser()
-    if p.is_dir() and not (p / CONFIG_NAME).is_file():
-        last = p / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            p = last
-    if p.is_file() and p.suffix == ".ckpt":
-        ckpt = torch.load(p, map_location="cpu", weights_only=True)
-        meta = ckpt.get(RUN_META_KEY)
-        if not meta or "model_config" not in meta:
-            raise ValueError(f"{p} is a Lightning checkpoint without recurlen metadata (key {RUN_META_KEY!r}); "
-                             "it was not written by recurlen's LightningModule and has no state API to evaluate")
-        model = Mamba2LM(Mamba2Config.from_dict(meta["model_config"]), backend=backend)
-        prefix = "model."
-        state_dict = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
-        load_official_state_dict(model, state_dict, source=str(p))
-        return LoadedModel(model.to(device), tokenizer=meta.get("tokenizer"), train_seq_len=meta.get("train_seq_len"),
-                           source=str(p))
-    directory = resolve_pretrained_dir(str(path))
-    model = load_pretrained(Mamba2LM, str(directory), backend=backend, device=device, dtype=torch.float32)
-    has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
-    official = directory.name.startswith("mamba2-") or "mamba2-" in str(directory)
-    return LoadedModel(model, tokenizer=str(directory) if has_tokenizer else None,
-                       train_seq_len=2048 if official else None, source=str(directory))
+    save_torch(state, out / WEIGHTS_NAME)

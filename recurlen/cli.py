@@ -66,6 +66,7 @@ def cmd_fit_noise(argv: list[str]) -> int:
     from recurlen.data.datamodule import RecurlenDataModule
     from recurlen.experiment.compose import load_experiment
     from recurlen.lit_module import RecurlenModule
+    from recurlen.runs import RunDir
     from recurlen.train import build_model
 
     cfg, _ = load_experiment(ns.overrides)
@@ -78,8 +79,7 @@ def cmd_fit_noise(argv: list[str]) -> int:
                             train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer, total_steps=1)
     n = cfg.intervention.fit_batches
     stats = module.fit_noise((dm.train_batch(s) for s in range(n)), num_batches=n)
-    out = Path(ns.out or Path(cfg.resolved_run_dir) / "fitted_noise.pt")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(ns.out) if ns.out else RunDir(cfg.resolved_run_dir).fitted_noise
     stats.save(str(out))
     log.info("fitted noise on %d final states of length %d: |mean| %.4g, std %.4g -> %s", stats.num_states,
              stats.seq_len, stats.mean_KH.abs().mean().item(), stats.std_KH.mean().item(), out)
@@ -98,8 +98,8 @@ def cmd_generate(argv: list[str]) -> int:
     import torch
 
     from recurlen import Mamba2LM, preset
-    from recurlen.checkpoint import load_model
     from recurlen.generation import greedy_generate
+    from recurlen.runs import load_model
     from recurlen.tokenizer import load_tokenizer
 
     if ns.checkpoint:

@@ -25,9 +25,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from recurlen.checkpoint import atomic_write
 from recurlen.experiment.compose import experiments_dir
+from recurlen.files import write_json, write_text
 from recurlen.interventions import INTERVENTIONS
+from recurlen.runs import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int) -> dic
     if proc.returncode != 0:
         tail = (run_dir / "train.log").read_text()[-2000:]
         raise RuntimeError(f"demo stage {name} failed (exit {proc.returncode}); log {run_dir / 'train.log'}:\n{tail}")
-    atomic_write(run_dir / DONE_MARKER, lambda p: p.write_text(json.dumps({"args": args, "seconds": seconds})))
+    write_json(run_dir / DONE_MARKER, {"args": args, "seconds": seconds})
     return {"stage": name, "reused": False, "seconds": seconds}
 
 
@@ -115,7 +116,7 @@ def _stage_args(cfg: DemoConfig, experiment: str, run_dir: Path, steps: int | No
 def run_demo(cfg: DemoConfig) -> Path:
     root = Path(cfg.run_root)
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write(root / "demo_config.yaml", lambda p: p.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg))))
+    write_text(root / "demo_config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     total_threads = cfg.parallel * cfg.threads_per_run
     timings: list[dict] = []
     t0 = time.perf_counter()
@@ -129,7 +130,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                              threads=total_threads))
     stages.update(1)
 
-    base = pretrain_dir / "checkpoints" / "last.ckpt"
+    base = RunDir(pretrain_dir).last_checkpoint
 
     def post(name: str) -> dict:
         run_dir = root / "post" / name
@@ -202,8 +203,7 @@ def _evaluate(cfg: DemoConfig, root: Path, base: Path, *, threads: int) -> None:
     dm = RecurlenDataModule(exp.data)
     dm.setup("validate")
     sequences = dm.long_validation_sequences(length=cfg.eval.length, num=cfg.eval.num_sequences)
-    checkpoints = [f"base={base}"] + [f"{n}={root / 'post' / n / 'checkpoints' / 'last.ckpt'}"
-                                      for n in cfg.interventions]
+    checkpoints = [f"base={base}"] + [f"{n}={RunDir(root / 'post' / n).last_checkpoint}" for n in cfg.interventions]
     tasks = ["positionwise", "reset", "state"] + (["effrem"] if cfg.eval.effrem else [])
     ecfg = EvalConfig(checkpoints=checkpoints, output_dir=str(root / "eval"), seq_len=cfg.eval.length,
                       num_sequences=cfg.eval.num_sequences, tasks=tasks, chunk_len=cfg.eval.chunk_len,

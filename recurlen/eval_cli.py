@@ -22,16 +22,11 @@ log = logging.getLogger(__name__)
 
 
 def _run_data_config(path: str):
-    """The DataConfig a recurlen run trained with (from its checkpoint hyperparameters), or None."""
+    """The DataConfig a recurlen run trained with (from its config.yaml), or None."""
     from recurlen.data.config import DataConfig
+    from recurlen.runs import run_config
 
-    p = Path(path)
-    if p.is_dir() and (p / "checkpoints" / "last.ckpt").is_file():
-        p = p / "checkpoints" / "last.ckpt"
-    if p.suffix != ".ckpt" or not p.is_file():
-        return None
-    hp = torch.load(p, map_location="cpu", weights_only=True).get("hyper_parameters") or {}
-    data = hp.get("data")
+    data = (run_config(path) or {}).get("data")
     return None if not data else OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), data))
 
 

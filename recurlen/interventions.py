@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from recurlen.files import save_torch
 from recurlen.state import RecurrentState
 
 INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
@@ -92,9 +93,7 @@ class FittedNoiseStats:
         return cls(d["mean_KH"].float(), d["std_KH"].float(), int(d.get("num_states", 0)), int(d.get("seq_len", 0)))
 
     def save(self, path: str) -> None:
-        from recurlen.checkpoint import atomic_write
-
-        atomic_write(Path(path), lambda p: torch.save(self.state_dict(), p))
+        save_torch(self.state_dict(), path)
 
     @classmethod
     def load(cls, path: str) -> FittedNoiseStats:

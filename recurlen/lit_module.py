@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
-from recurlen.checkpoint import RUN_META_KEY
 from recurlen.interventions import Accumulator, FittedNoiseStats, Intervention, InterventionConfig
 from recurlen.model import Mamba2LM
 from recurlen.optim import OptimConfig, build_optimizer
+from recurlen.runs import RUN_META_KEY
 from recurlen.state import RecurrentState
 
 log = logging.getLogger(__name__)

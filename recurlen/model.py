@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from recurlen import kernels
+from recurlen import checkpoint, kernels
 from recurlen.config import BACKENDS, Mamba2Config
 from recurlen.ssd import ssd_chunked, ssd_step, up
 from recurlen.state import RecurrentState
@@ -369,12 +369,8 @@ class Mamba2LM(nn.Module):
     def from_pretrained(cls, path_or_hub_id: str, *, backend: str = "auto", device: str | torch.device | None = None,
                         dtype: torch.dtype = torch.float32) -> Mamba2LM:
         """Load an official-format directory (config.json + pytorch_model.bin) or a hub id from the cache."""
-        from recurlen.checkpoint import load_pretrained
-
-        return load_pretrained(cls, path_or_hub_id, backend=backend, device=device, dtype=dtype)
+        return checkpoint.load_pretrained(cls, path_or_hub_id, backend=backend, device=device, dtype=dtype)
 
     def save_pretrained(self, directory: str, *, dtype: torch.dtype = torch.float32) -> None:
         """Write config.json + pytorch_model.bin in the official layout."""
-        from recurlen.checkpoint import save_pretrained
-
-        save_pretrained(self, directory, dtype=dtype)
+        checkpoint.save_pretrained(self, directory, dtype=dtype)

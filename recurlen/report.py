@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from recurlen.checkpoint import atomic_write
 from recurlen.eval.plots import PLOT_NAMES, results_file, write_plots
+from recurlen.files import write_json, write_text
 from recurlen.report_tasks import check_task_result, is_task_result, strip_private, task_sections
 
 GENERALIZES_TOL = 0.05
@@ -203,11 +203,11 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     if wall_seconds is not None:
         lines += [f"Total wall time: {wall_seconds / 60:.1f} min.", ""]
     text = "\n".join(lines)
-    atomic_write(out / "report.md", lambda p: p.write_text(text))
+    write_text(out / "report.md", text)
     merged = {"format": "recurlen.report/1", "runs": runs, "verdicts": verdicts, "checks": checks,
               "plots": {k: PLOT_NAMES[k] for k in plots}, "timings": list(timings or []),
               "tasks": [strip_private(t) for t in tasks]}
-    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(merged, indent=2)))
+    write_json(out / "results.json", merged, indent=2)
     return out / "report.md"
 
 

@@ -1,18 +1,11 @@
 """`recurlen finetune`: build the model, data, module and Trainer from an experiment config and fit.
 
-Run directory (default runs/<name>):
-  config.yaml                 the resolved experiment config (also in every checkpoint's hyperparameters)
-  checkpoints/last.ckpt       newest state; step=NNNNNN.ckpt every trainer.checkpoint_every_n_steps
-  tb/                         TensorBoard event files
-  fitted_noise.pt             fitted-noise statistics (fitted_noise intervention)
-  ranks/rank<r>.json          what each rank trained on (lanes, steps, last loss)
+What the run directory holds, and how a run resumes, is `recurlen.runs`'s business.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 
 import lightning as L
@@ -22,13 +15,13 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from omegaconf import OmegaConf
 
-from recurlen.checkpoint import atomic_write, load_model
 from recurlen.data.datamodule import RecurlenDataModule
 from recurlen.experiment.schema import ExperimentConfig
+from recurlen.files import save_torch, write_json
 from recurlen.lit_module import RecurlenModule
 from recurlen.model import Mamba2LM
+from recurlen.runs import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +38,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Write each checkpoint to a temporary sibling and rename it: a crash never leaves a torn file."""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(checkpoint, tmp)
-        os.replace(tmp, path)
+        save_torch(checkpoint, path)
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -59,9 +48,10 @@ class RunCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, dirpath: Path, every_n_train_steps: int) -> None:
-        super().__init__(dirpath=dirpath, filename="step={step:06d}", auto_insert_metric_name=False,
+        super().__init__(dirpath=dirpath, filename=STEP_CHECKPOINT, auto_insert_metric_name=False,
                          every_n_train_steps=every_n_train_steps, save_top_k=-1, save_last=True,
                          enable_version_counter=False)
+        self.CHECKPOINT_NAME_LAST = LAST_CHECKPOINT.removesuffix(self.FILE_EXTENSION)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
@@ -73,8 +63,8 @@ class RunCheckpoint(ModelCheckpoint):
 class RankSummary(Callback):
     """Each rank records the lanes it trained on: proof that ranks never share a lane."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
         self.lanes: set[int] = set()
         self.steps = 0
         self.last_loss: float | None = None
@@ -86,12 +76,10 @@ class RankSummary(Callback):
         self.last_loss = float(loss.detach()) if loss is not None else None
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
         summary = {"global_rank": trainer.global_rank, "world_size": trainer.world_size,
                    "node_rank": trainer.node_rank, "lanes": sorted(self.lanes), "micro_steps": self.steps,
                    "global_step": trainer.global_step, "last_loss": self.last_loss}
-        path = self.directory / f"rank{trainer.global_rank}.json"
-        atomic_write(path, lambda p: p.write_text(json.dumps(summary, indent=1)))
+        write_json(self.run.rank_summary(trainer.global_rank), summary)
 
 
 def build_datamodule(cfg: ExperimentConfig) -> L.LightningDataModule:
@@ -112,19 +100,6 @@ def build_model(cfg: ExperimentConfig) -> Mamba2LM:
     return Mamba2LM(cfg.model.arch, backend=cfg.model.backend)
 
 
-def find_resume_checkpoint(resume: str, run_dir: Path) -> str | None:
-    if resume == "never":
-        return None
-    if resume != "auto":
-        if not Path(resume).is_file():
-            raise FileNotFoundError(f"resume={resume!r}: no such checkpoint file (use 'auto', 'never' or a .ckpt path)")
-        return resume
-    candidates = [p for p in (run_dir / "checkpoints").glob("*.ckpt")] + list(run_dir.glob("hpc_ckpt_*.ckpt"))
-    if not candidates:
-        return None
-    return str(max(candidates, key=lambda p: (p.stat().st_mtime, p.name == "last.ckpt")))
-
-
 def _precision(name: str) -> str:
     if name != "auto":
         return name
@@ -140,12 +115,12 @@ def _devices(value: str):
     return [int(x) for x in value.split(",") if x.strip()]
 
 
-def build_trainer(cfg: ExperimentConfig, run_dir: Path, extra_callbacks: list[Callback]) -> L.Trainer:
+def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Callback]) -> L.Trainer:
     t = cfg.trainer
     accum = t.accumulate_grad_batches
     every_val = t.val_every_n_steps if t.val_every_n_steps > 0 else t.max_steps
     every_ckpt = t.checkpoint_every_n_steps if t.checkpoint_every_n_steps > 0 else t.max_steps
-    callbacks = [RunCheckpoint(run_dir / "checkpoints", every_ckpt), RankSummary(run_dir / "ranks"), *extra_callbacks]
+    callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run), *extra_callbacks]
     plugins: list = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=t.slurm_auto_requeue))
@@ -155,16 +130,14 @@ def build_trainer(cfg: ExperimentConfig, run_dir: Path, extra_callbacks: list[Ca
         gradient_clip_val=cfg.optim.grad_clip or None, val_check_interval=min(every_val, t.max_steps) * accum,
         check_val_every_n_epoch=None, limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.progress_bar, deterministic=t.deterministic,
-        logger=TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False),
-        callbacks=callbacks, plugins=plugins, use_distributed_sampler=False, default_root_dir=str(run_dir),
+        logger=TensorBoardLogger(save_dir=str(run.path), name=TENSORBOARD_DIR, version="", default_hp_metric=False),
+        callbacks=callbacks, plugins=plugins, use_distributed_sampler=False, default_root_dir=str(run.path),
     )
 
 
 @rank_zero_only
-def _save_config(run_dir: Path, resolved: dict) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    text = OmegaConf.to_yaml(OmegaConf.create(resolved))
-    atomic_write(run_dir / "config.yaml", lambda p: p.write_text(text))
+def _save_config(run: RunDir, resolved: dict) -> None:
+    run.save_config(resolved)
 
 
 def diagnostics_callbacks(cfg: ExperimentConfig) -> list[Callback]:
@@ -174,7 +147,7 @@ def diagnostics_callbacks(cfg: ExperimentConfig) -> list[Callback]:
 
 
 def run_finetune(cfg: ExperimentConfig, resolved: dict) -> Path:
-    run_dir = Path(cfg.resolved_run_dir)
+    run = RunDir(cfg.resolved_run_dir)
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -184,16 +157,16 @@ def run_finetune(cfg: ExperimentConfig, resolved: dict) -> Path:
     module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
                             train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
                             total_steps=cfg.trainer.max_steps, hparams=resolved)
-    trainer = build_trainer(cfg, run_dir, diagnostics_callbacks(cfg))
-    ckpt_path = find_resume_checkpoint(cfg.resume, run_dir)
+    trainer = build_trainer(cfg, run, diagnostics_callbacks(cfg))
+    ckpt_path = run.resume_checkpoint(cfg.resume)
     if ckpt_path:
         rank_zero_info(f"resuming from {ckpt_path}")
-    _save_config(run_dir, resolved)
+    _save_config(run, resolved)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     if module.fitted is not None and trainer.is_global_zero:
-        module.fitted.save(str(run_dir / "fitted_noise.pt"))
+        module.fitted.save(str(run.fitted_noise))
     _close_process_group(trainer)
-    return run_dir
+    return run.path
 
 
 def _close_process_group(trainer: L.Trainer) -> None:

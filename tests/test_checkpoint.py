@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.checkpoint import load_model
 from recurlen.config import PRESETS, Mamba2Config
+from recurlen.runs import load_model
 from recurlen.tokenizer import ByteTokenizer, HFTokenizer, check_vocab_fits, load_tokenizer
 
 OFFICIAL_CONFIG = {

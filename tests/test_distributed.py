@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recurlen.checkpoint import RUN_META_KEY
+from recurlen.runs import RUN_META_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 

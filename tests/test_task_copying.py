@@ -68,7 +68,7 @@ def test_config_and_tokenizer_errors(tmp_path):
 
 
 def test_tiny_copying_sweep_trains_each_intervention_through_the_normal_path(tmp_path, run_tiny_task):
-    from recurlen.checkpoint import RUN_META_KEY
+    from recurlen.runs import RUN_META_KEY
 
     path = run_tiny_task("copying", "data.seq_len=9", "data.batch_size=4", "trainer.max_steps=3",
                          "trainer.val_every_n_steps=3", "task.copying.length=4", "task.copying.seeds=[0]",

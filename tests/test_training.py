@@ -6,10 +6,10 @@ import lightning as L
 import pytest
 import torch
 
-from recurlen.checkpoint import RUN_META_KEY
 from recurlen.experiment.compose import load_experiment
 from recurlen.interventions import INTERVENTIONS, FittedNoiseStats
 from recurlen.lit_module import RecurlenModule
+from recurlen.runs import RUN_META_KEY, load_model
 from recurlen.state import RecurrentState
 from recurlen.train import run_finetune
 
@@ -122,7 +122,7 @@ def test_tbptt_lanes_continue_exactly(tmp_path, cache_dir, monkeypatch):
     assert torch.equal(b0["lane"], b1["lane"]) and torch.equal(b0["input_ids"][:, 1:], b0["targets"][:, :-1])
     assert torch.equal(b1["input_ids"][:, 0], b0["targets"][:, -1])  # lane k+1 starts where k ended
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    module_model = __import__("recurlen.checkpoint", fromlist=["load_model"]).load_model(
+    module_model = load_model(
         str(tmp_path / "run" / "checkpoints" / "last.ckpt")).model
     with torch.no_grad():
         _, state = module_model.forward_hidden(torch.cat([b0["input_ids"], b1["input_ids"]], dim=1))

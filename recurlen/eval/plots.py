@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from recurlen.checkpoint import atomic_write
 from recurlen.eval.state_stats import STATE_STATS
+from recurlen.files import save_figure
 
 RESULTS_NAME = "results.json"
 PLOT_NAMES = {
@@ -198,13 +198,6 @@ def figures_for(runs: Sequence[dict]) -> dict[str, Figure]:
     if any(r.get("effrem") for r in runs):
         figs["effrem"] = plot_effrem(runs)
     return figs
-
-
-def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 120) -> Path:
-    """PNG written atomically (a report reading the directory never sees half a file)."""
-    path = Path(path)
-    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=dpi))
-    return path
 
 
 def write_plots(runs: Sequence[dict], out_dir: str | os.PathLike) -> dict[str, Path]:

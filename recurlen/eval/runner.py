@@ -22,20 +22,18 @@ that are not finite are written as null.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from recurlen.checkpoint import load_model
 from recurlen.eval.common import require_state_api
 from recurlen.eval.effrem import check_t_grid, effective_remembrance
 from recurlen.eval.plots import PLOT_NAMES, RESULTS_NAME, write_plots
 from recurlen.eval.positionwise import evaluate_positionwise
+from recurlen.files import json_safe, write_json
+from recurlen.runs import load_model
 
 log = logging.getLogger(__name__)
 
@@ -151,26 +149,6 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def _json_safe(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
-def write_results(results: dict, path: str | os.PathLike) -> Path:
-    """results.json written atomically (tmp + rename), with non-finite numbers as null."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_json_safe(results), indent=2, allow_nan=False))
-    os.replace(tmp, path)
-    return path
-
-
 def evaluate_model(model: torch.nn.Module, sequences, *, cfg: EvalConfig, train_len: int, label: str,
                    source: str, device: torch.device) -> dict:
     """One run entry of results.json for a model already loaded (the runner and reports use it)."""
@@ -230,5 +208,5 @@ def run_eval(cfg: EvalConfig, sequences: torch.Tensor | list[torch.Tensor]) -> d
     plots = write_plots(runs, out_dir)
     results = {"format": RESULTS_FORMAT, "config": cfg.to_dict(), "device": str(device),
                "plots": {kind: PLOT_NAMES[kind] for kind in plots}, "runs": runs}
-    write_results(results, out_dir / RESULTS_NAME)
-    return _json_safe(results)
+    write_json(out_dir / RESULTS_NAME, results, indent=2)
+    return json_safe(results)

@@ -8,12 +8,12 @@ from recurlen.config import BACKENDS, PRESETS, Mamba2Config
 from recurlen.data.config import DataConfig
 from recurlen.interventions import INTERVENTIONS, InterventionConfig
 from recurlen.optim import OptimConfig
+from recurlen.runs import check_resume
 from recurlen.tasks.config import TaskConfig
 
 GROUPS = ("model", "intervention", "data", "trainer")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", "single_device")
-RESUME = ("auto", "never")
 
 
 @dataclass
@@ -133,6 +133,9 @@ class ExperimentConfig:
         if self.task.name == "copying":  # the sweep trains every intervention of task.copying.interventions
             return f"runs/{self.name}/{self.model.name}"
         return f"runs/{self.name}/{self.model.name}-{self.intervention.name}"
+
+    def __post_init__(self) -> None:
+        check_resume(self.resume)
 
     def validate(self) -> None:
         """Rules that span sections."""

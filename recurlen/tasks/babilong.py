@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from recurlen.files import write_text
 from recurlen.model import Mamba2LM
 from recurlen.tasks.common import TaskExample, greedy_answers, length_label
 from recurlen.tasks.config import BABILONG_TASKS, BabilongConfig
@@ -167,12 +167,8 @@ def write_babilong_dir(root: str | Path, records: dict[tuple[str, str], list[dic
     paths = []
     for (length, task), recs in records.items():
         path = Path(root) / length / f"{task}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
         lines = [json.dumps({f: r[f] for f in FIELDS}) + "\n" for r in check_records(recs, where=str(path))]
-        tmp.write_text("".join(lines))
-        os.replace(tmp, path)
-        paths.append(path)
+        paths.append(write_text(path, "".join(lines)))
     return paths
 
 

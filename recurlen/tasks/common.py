@@ -1,4 +1,4 @@
-"""What the three tasks share: training rows, batched greedy answers, results files, TensorBoard.
+"""What the three tasks share: training rows, batched greedy answers, TensorBoard.
 
 A task example is a token sequence with a scored tail (the answer):
 
@@ -11,7 +11,6 @@ real token), never the padding.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from recurlen.checkpoint import atomic_write
+from recurlen.eval.common import model_device
 from recurlen.generation import greedy_generate
 from recurlen.model import Mamba2LM
 
@@ -56,10 +55,6 @@ def rows_from_examples(examples: Sequence[TaskExample], *, seq_len: int, pad_id:
             "loss_mask": torch.from_numpy(mask)}
 
 
-def model_device(model: Mamba2LM) -> torch.device:
-    return next(model.parameters()).device
-
-
 @torch.no_grad()
 def greedy_answers(model: Mamba2LM, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_id: int | None,
                    batch_size: int, chunk_len: int, desc: str | None = None) -> list[list[int]]:
@@ -88,29 +83,6 @@ def greedy_answers(model: Mamba2LM, prompts: Sequence[Sequence[int]], *, max_new
     return out
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Atomically (temporary sibling + rename): a reader never sees half a results file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(obj), indent=1)
-    atomic_write(path, lambda p: p.write_text(text))
-
-
-def _finite(obj: Any) -> Any:
-    # JSON has no NaN / inf: write them as null, as recurlen.eval does.
-    if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def save_figure(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110, bbox_inches="tight"))
-
-
 def tensorboard_log(directory: Path, *, scalars: dict[str, list[tuple[int, float]]], figures: dict[str, Any]) -> None:
     """Scalars as (step, value) series (step = evaluation length) and figures, in <directory> event files."""
     from torch.utils.tensorboard import SummaryWriter
@@ -135,18 +107,4 @@ def length_label(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
-def parse_length_label(label: str) -> int:
-    """The inverse of length_label ('2k' -> 2048, '1M' -> 1048576, '300' -> 300)."""
-    s = label.strip()
-    try:
-        if s.endswith(("k", "K")):
-            return int(s[:-1]) * 1024
-        if s.endswith("M"):
-            return int(s[:-1]) << 20
-        return int(s)
-    except ValueError:
-        raise ValueError(f"length {label!r} is not a length; use a token count or '0k', '1k', ..., '1M'") from None
-
-
-__all__ = ["TaskExample", "greedy_answers", "length_label", "model_device", "parse_length_label",
-           "rows_from_examples", "save_figure", "tensorboard_log", "write_json"]
+__all__ = ["TaskExample", "greedy_answers", "length_label", "rows_from_examples", "tensorboard_log"]

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from recurlen.checkpoint import load_model
 from recurlen.experiment.schema import ExperimentConfig
+from recurlen.files import save_figure, write_json
 from recurlen.interventions import InterventionConfig
-from recurlen.tasks.common import save_figure, tensorboard_log, write_json
+from recurlen.runs import RunDir, load_model
+from recurlen.tasks.common import tensorboard_log
 from recurlen.tasks.config import TASKS
 from recurlen.tokenizer import check_vocab_fits, load_tokenizer
 
@@ -48,16 +49,16 @@ def eval_lengths(cfg: ExperimentConfig) -> list[int]:
 def _train_or_locate(cfg: ExperimentConfig, resolved: dict) -> str:
     """Fine-tune when task.train, and return what to evaluate: the run dir; else model.pretrained as is
     (zero-shot), or without it the run directory's last checkpoint (re-evaluating a finished run)."""
-    run_dir = Path(cfg.resolved_run_dir)
+    run = RunDir(cfg.resolved_run_dir)
     if cfg.task.train:
         from recurlen.train import run_finetune
 
         return str(run_finetune(cfg, resolved))
     if cfg.model.pretrained:
         return cfg.model.pretrained
-    if (run_dir / "checkpoints" / "last.ckpt").is_file():
-        return str(run_dir)
-    raise ValueError(f"task.train=false and there is nothing to evaluate: {run_dir}/checkpoints/last.ckpt does not "
+    if run.has_checkpoint():
+        return str(run.path)
+    raise ValueError(f"task.train=false and there is nothing to evaluate: {run.last_checkpoint} does not "
                      "exist and model.pretrained is not set; set model.pretrained=<dir or run> or task.train=true")
 
 
@@ -82,7 +83,7 @@ def _header(cfg: ExperimentConfig, resolved: dict, *, source: str, train_len: in
 
 
 def _finish(out: Path, results: dict, figure, scalars: dict) -> Path:
-    save_figure(figure, out / results["plots"]["figure"])
+    save_figure(figure, out / results["plots"]["figure"], dpi=110, tight=True)
     tensorboard_log(out / "tb", scalars=scalars, figures={f"{results['task']}/accuracy": figure})
     write_json(out / "results.json", results)
     log.info("%s results: %s (plot %s)", results["task"], out / "results.json", out / results["plots"]["figure"])

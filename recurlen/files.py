@@ -1,0 +1,82 @@
+"""Every file recurlen writes goes through here, atomically.
+
+A write goes to a temporary sibling with a unique name (two writers of the same file never share a
+temporary), is fsync'ed, then renamed over the target, and the directory entry is fsync'ed too: a
+reader or a resumed run sees the old file or the new one, never half of one, even after a crash or a
+power cut.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _fsync_path(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a directory; the rename itself is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Call write(tmp) on a unique temporary sibling of path, fsync it and rename it onto path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A name no other writer uses (process id + random), hidden, in the same directory so the rename is atomic.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(tmp)
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_path(path.parent)
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda p: p.write_text(text))
+
+
+def json_safe(obj: Any) -> Any:
+    """JSON has no NaN or infinity: they become null; tuples become lists, mapping keys strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int = 1) -> Path:
+    """obj as JSON with non-finite numbers written as null (strict JSON every reader parses)."""
+    return write_text(path, json.dumps(json_safe(obj), indent=indent, allow_nan=False))
+
+
+def save_torch(obj: Any, path: str | os.PathLike) -> Path:
+    import torch
+
+    return atomic_write(path, lambda p: torch.save(obj, p))
+
+
+def save_figure(fig, path: str | os.PathLike, *, dpi: int = 120, tight: bool = False) -> Path:
+    """A matplotlib figure as PNG (`tight` crops the margins to the drawn content)."""
+    extra = {"bbox_inches": "tight"} if tight else {}
+    return atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=dpi, **extra))
+
+
+__all__ = ["atomic_write", "json_safe", "save_figure", "save_torch", "write_json", "write_text"]

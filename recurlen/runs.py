@@ -1,0 +1,183 @@
+"""The run directory: its layout, which checkpoint a run resumes from, and loading what a run trained.
+
+Layout of a run directory (`recurlen finetune` writes it; eval, tasks, the demo and reports read it):
+  config.yaml                   the resolved experiment config (also in every checkpoint's hyperparameters)
+  checkpoints/last.ckpt         newest state, replaced in place
+  checkpoints/step=NNNNNN.ckpt  kept every trainer.checkpoint_every_n_steps
+  hpc_ckpt_N.ckpt               written by Lightning when SLURM pre-empts the job
+  tb/                           TensorBoard event files
+  fitted_noise.pt               fitted-noise statistics (fitted_noise intervention, `recurlen fit-noise`)
+  ranks/rank<r>.json            what each rank trained on (lanes, steps, last loss)
+
+Any model recurlen evaluates is loaded through `load_model`: a run directory, one of its .ckpt files (keys
+prefixed "model.", the model config and data facts under RUN_META_KEY), an official-format directory, or a
+hub id in the local cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from recurlen.checkpoint import CONFIG_NAME, load_official_state_dict, load_pretrained, resolve_pretrained_dir
+from recurlen.config import Mamba2Config
+from recurlen.files import write_text
+from recurlen.model import Mamba2LM
+
+CHECKPOINTS_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+STEP_CHECKPOINT = "step={step:06d}"
+"""Lightning's filename pattern of the kept step checkpoints (without .ckpt)."""
+PREEMPTION_GLOB = "hpc_ckpt_*.ckpt"
+CONFIG_FILE = "config.yaml"
+FITTED_NOISE_FILE = "fitted_noise.pt"
+TENSORBOARD_DIR = "tb"
+RANKS_DIR = "ranks"
+RESUME_CHOICES = ("auto", "never")
+"""`resume` is one of these or the path of a .ckpt file."""
+RUN_META_KEY = "recurlen"
+"""Key of a Lightning checkpoint under which the LightningModule stores the model config and training facts."""
+
+
+class RunDir:
+    """The paths of one run directory; nothing is created until something is written."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS_DIR
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.checkpoints / LAST_CHECKPOINT
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def fitted_noise(self) -> Path:
+        return self.path / FITTED_NOISE_FILE
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD_DIR
+
+    def rank_summary(self, rank: int) -> Path:
+        return self.path / RANKS_DIR / f"rank{rank}.json"
+
+    def has_checkpoint(self) -> bool:
+        return self.last_checkpoint.is_file()
+
+    def resume_checkpoint(self, resume: str) -> str | None:
+        """'never' -> None; a .ckpt path as is; 'auto' -> the newest checkpoint of this run, None if it has none."""
+        check_resume(resume)
+        if resume == "never":
+            return None
+        if resume != "auto":
+            if not Path(resume).is_file():
+                raise FileNotFoundError(f"resume={resume!r}: no such checkpoint file (use 'auto', 'never' or a .ckpt "
+                                        "path)")
+            return resume
+        candidates = list(self.checkpoints.glob("*.ckpt")) + list(self.path.glob(PREEMPTION_GLOB))
+        if not candidates:
+            return None
+        return str(max(candidates, key=lambda p: (p.stat().st_mtime, p.name == LAST_CHECKPOINT)))
+
+    def save_config(self, resolved: dict) -> Path:
+        return write_text(self.config_file, OmegaConf.to_yaml(OmegaConf.create(resolved)))
+
+    def read_config(self) -> dict | None:
+        """The resolved experiment config this run was trained with, or None when the run has none."""
+        if not self.config_file.is_file():
+            return None
+        return OmegaConf.to_container(OmegaConf.load(self.config_file), resolve=True)
+
+
+def check_resume(resume: str) -> None:
+    """'auto', 'never' or the path of a .ckpt file (whether that file exists is checked when the run starts)."""
+    if resume not in RESUME_CHOICES and not str(resume).endswith(".ckpt"):
+        raise ValueError(f"resume={resume!r} is not allowed; use one of {list(RESUME_CHOICES)} or the path of a "
+                         ".ckpt file")
+
+
+def run_dir_of(path: str | Path) -> RunDir | None:
+    """The run directory that a run directory or one of its checkpoints belongs to (None for anything else)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return RunDir(p) if (p / CONFIG_FILE).is_file() or (p / CHECKPOINTS_DIR).is_dir() else None
+    if p.suffix == ".ckpt":
+        for parent in (p.parent.parent, p.parent) if p.parent.name == CHECKPOINTS_DIR else (p.parent,):
+            if (parent / CONFIG_FILE).is_file():
+                return RunDir(parent)
+    return None
+
+
+def run_config(path: str | Path) -> dict | None:
+    """The resolved experiment config of the run that `path` (a run directory or a .ckpt) belongs to.
+
+    Read from the run's config.yaml; a .ckpt kept outside its run directory falls back to the
+    hyperparameters stored in it (memory-mapped: the weights are not read).
+    """
+    run = run_dir_of(path)
+    if run is not None and run.config_file.is_file():
+        return run.read_config()
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix == ".ckpt":
+        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        return dict(ckpt.get("hyper_parameters") or {}) or None
+    return None
+
+
+class LoadedModel:
+    """A model plus what is known of how it was trained (None where the source does not say)."""
+
+    def __init__(self, model: Mamba2LM, *, tokenizer: str | None, train_seq_len: int | None, source: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.train_seq_len = train_seq_len
+        self.source = source
+
+
+def _checkpoint_file(path: str) -> Path | None:
+    """The .ckpt that `path` names: itself, or a run directory's last checkpoint; None for other sources."""
+    p = Path(path).expanduser()
+    if p.is_dir() and not (p / CONFIG_NAME).is_file() and RunDir(p).has_checkpoint():
+        return RunDir(p).last_checkpoint
+    if p.is_file() and p.suffix == ".ckpt":
+        return p
+    return None
+
+
+def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
+    """Load a run (its directory or a .ckpt) or an official-format directory / cached hub id."""
+    ckpt_path = _checkpoint_file(path)
+    if ckpt_path is not None:
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        meta = ckpt.get(RUN_META_KEY)
+        if not meta or "model_config" not in meta:
+            raise ValueError(f"{ckpt_path} is a Lightning checkpoint without recurlen metadata (key {RUN_META_KEY!r}); "
+                             "it was not written by recurlen's LightningModule and has no state API to evaluate")
+        model = Mamba2LM(Mamba2Config.from_dict(meta["model_config"]), backend=backend)
+        prefix = "model."
+        state_dict = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+        load_official_state_dict(model, state_dict, source=str(ckpt_path))
+        return LoadedModel(model.to(device), tokenizer=meta.get("tokenizer"), train_seq_len=meta.get("train_seq_len"),
+                           source=str(ckpt_path))
+    directory = resolve_pretrained_dir(str(path))
+    model = load_pretrained(Mamba2LM, str(directory), backend=backend, device=device, dtype=torch.float32)
+    has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
+    official = directory.name.startswith("mamba2-") or "mamba2-" in str(directory)
+    return LoadedModel(model, tokenizer=str(directory) if has_tokenizer else None,
+                       train_seq_len=2048 if official else None, source=str(directory))
+
+
+__all__ = ["CONFIG_FILE", "FITTED_NOISE_FILE", "LAST_CHECKPOINT", "RUN_META_KEY", "LoadedModel", "RunDir",
+           "check_resume", "load_model", "run_config", "run_dir_of"]
