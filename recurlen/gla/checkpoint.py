@@ -16,9 +16,9 @@ from recurlen.checkpoint import (
     CONFIG_NAME,
     RECURLEN_CONFIG_NAME,
     SAFETENSORS_NAME,
-    atomic_write,
     resolve_pretrained_dir,
 )
+from recurlen.files import atomic_write
 from recurlen.gla.config import GLAConfig
 from recurlen.gla.model import GLALM
 

@@ -16,11 +16,11 @@ from recurlen.checkpoint import (
     CONFIG_NAME,
     RECURLEN_CONFIG_NAME,
     WEIGHTS_NAME,
-    atomic_write,
     load_official_state_dict,
     read_state_dict,
     resolve_pretrained_dir,
 )
+from recurlen.files import atomic_write
 from recurlen.mamba1.config import Mamba1Config
 from recurlen.mamba1.model import Mamba1LM
 
