@@ -80,7 +80,7 @@ tensorboard: $(STAMP) ## TensorBoard over every run under runs/
 	$(VENV)/bin/tensorboard --logdir runs
 
 generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) or ARGS='--checkpoint runs/x'
-	$(PY) -m recurlen.cli generate $(if $(ARGS),$(ARGS),--model $(MODEL))
+	$(PY) -m recurlen.cli generate $(if $(ARGS),$(ARGS),model=$(MODEL))
 
 bench: $(STAMP) ## run the CPU benchmark scripts (quick settings)
 	for b in $(filter-out benchmarks/bench_gpu.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(PY) $$b --quick || exit 1; done

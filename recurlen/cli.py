@@ -1,31 +1,37 @@
-"""recurlen's command line.
+"""recurlen's command line: every command in one table (COMMANDS), each a few lines over a library function.
 
-  recurlen finetune [experiment=NAME] [group=choice ...] [a.b=value ...]   post-train (or pre-train) a model
-  recurlen config   [same overrides]                                       print the resolved config
-  recurlen fit-noise [same overrides] [--out FILE]                         fit the fitted-noise statistics
-  recurlen generate --model PRESET|--checkpoint PATH --prompt TEXT         greedy continuation
-  recurlen eval [label=]CKPT ... [--data GROUP] [--out DIR] [key=value ...]   long-context evaluation
-  recurlen report RESULTS.json ... --out DIR                               report.md + plots
-  recurlen demo [key=value ...]                                            the CPU demo (make demo)
-  recurlen passkey|babilong|copying [experiment=NAME] [a.b=value ...]      long-context tasks (train + evaluate)
+One argument style: `key=value` settings in any order (for experiments: `experiment=NAME`, `GROUP=CHOICE`
+and dotted overrides), flags only for paths (`--out DIR`, `--checkpoint PATH`), and on every command
+`--help` (generated from the config dataclasses), `--dry-run` (validate and resolve everything, print the
+plan, stop) and `--debug`. Errors that are the user's to fix print one line without a traceback
+(recurlen.errors).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+from recurlen.cli_args import Words, check_dotlist, render_help, settings_help, split_words, suggest
+from recurlen.errors import UserError, debug_requested, one_line, user_input
 
 log = logging.getLogger("recurlen")
 
+EXPERIMENT_USAGE = "[experiment=NAME] [GROUP=CHOICE ...] [KEY=VALUE ...]"
+
 
 def _setup_logging() -> None:
-    # Only recurlen's own logger gets a handler: Lightning already prints its messages once.
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+    from recurlen.progress import TqdmHandler
+
+    # Only recurlen's own logger gets a handler: Lightning already prints its messages once. The handler
+    # writes through tqdm, so a log line never lands inside a progress bar.
     root = logging.getLogger("recurlen")
     if not root.handlers:
+        handler = TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
         root.addHandler(handler)
     root.setLevel(logging.INFO)
     root.propagate = False
@@ -34,128 +40,333 @@ def _setup_logging() -> None:
     warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined.*")
 
 
-def cmd_config(args: list[str]) -> int:
-    from omegaconf import OmegaConf
-
-    from recurlen.experiment.compose import compose, to_object
-
-    cfg = compose(args)
-    to_object(cfg)  # validate before printing
-    sys.stdout.write(OmegaConf.to_yaml(cfg, resolve=True))
-    return 0
+def _out(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
-def cmd_finetune(args: list[str]) -> int:
+# ---- experiments: finetune, config, fit-noise, passkey, babilong, copying -------------------------------------
+
+
+def _experiment(w: Words, command: str, default: str = "finetune"):
     from recurlen.experiment.compose import load_experiment
+    from recurlen.plan import experiment_plan
+
+    with user_input():
+        positional = w.positional()
+        if positional:
+            raise UserError(f"{positional[0]!r} is not a key=value override (e.g. model=780m, trainer.max_steps=100)")
+        cfg, resolved = load_experiment(w.words, default_experiment=default)
+        if command in ("passkey", "babilong", "copying") and cfg.task.name != command:
+            raise UserError(f"`recurlen {command}` runs experiments with task.name={command}; this one has "
+                            f"task.name={cfg.task.name!r} (pick experiment={command} or set task.name={command})")
+        plan = experiment_plan(cfg, command=command)
+    return cfg, resolved, plan
+
+
+def cmd_finetune(w: Words) -> int:
+    cfg, resolved, plan = _experiment(w, "finetune")
+    if w.dry_run:
+        return _dry(plan)
     from recurlen.train import run_finetune
 
-    cfg, resolved = load_experiment(args)
     run_dir = run_finetune(cfg, resolved)
     log.info("run directory: %s (tensorboard --logdir %s)", run_dir, run_dir)
     return 0
 
 
-def cmd_fit_noise(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="recurlen fit-noise", description="Fit per (layer, head) Gaussian "
-                                     "statistics of final SSM states on training batches.")
-    parser.add_argument("--out", default=None, help="output file (default <run_dir>/fitted_noise.pt)")
-    parser.add_argument("overrides", nargs="*", help="experiment overrides, as for finetune")
-    ns = parser.parse_args(argv)
-    from pathlib import Path
+def cmd_config(w: Words) -> int:
+    from omegaconf import OmegaConf
 
-    from recurlen.data.datamodule import RecurlenDataModule
-    from recurlen.experiment.compose import load_experiment
-    from recurlen.lit_module import RecurlenModule
-    from recurlen.runs import RunDir
-    from recurlen.train import build_model
+    from recurlen.experiment.compose import compose, to_object
 
-    cfg, _ = load_experiment(ns.overrides)
-    dm = RecurlenDataModule(cfg.data)
-    dm.prepare_data()
-    dm.setup("fit")
-    model = build_model(cfg)
-    dm.check_model_vocab(model.config.vocab_size)
-    module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
-                            train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer, total_steps=1)
-    n = cfg.intervention.fit_batches
-    stats = module.fit_noise((dm.train_batch(s) for s in range(n)), num_batches=n)
-    out = Path(ns.out) if ns.out else RunDir(cfg.resolved_run_dir).fitted_noise
-    stats.save(str(out))
+    with user_input():
+        cfg = compose(w.words)
+        to_object(cfg)  # validate before printing
+    _out(OmegaConf.to_yaml(cfg, resolve=True))
+    return 0
+
+
+def cmd_fit_noise(w: Words) -> int:
+    cfg, _, plan = _experiment(w, "fit-noise")
+    if w.dry_run:
+        return _dry(plan + [f"  output       {w.paths.get('out') or cfg.resolved_run_dir + '/fitted_noise.pt'}"])
+    from recurlen.train import run_fit_noise
+
+    path, stats = run_fit_noise(cfg, w.paths.get("out"))
     log.info("fitted noise on %d final states of length %d: |mean| %.4g, std %.4g -> %s", stats.num_states,
-             stats.seq_len, stats.mean_KH.abs().mean().item(), stats.std_KH.mean().item(), out)
+             stats.seq_len, stats.mean_KH.abs().mean().item(), stats.std_KH.mean().item(), path)
     return 0
 
 
-def cmd_generate(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="recurlen generate", description="Greedy continuation with the state.")
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--model", default="tiny", help="a preset, randomly initialised (smoke check)")
-    src.add_argument("--checkpoint", default=None, help="run checkpoint, run dir, or pretrained dir / hub id")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer spec (default: the checkpoint's, or bytes)")
-    parser.add_argument("--prompt", default="def main(")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    ns = parser.parse_args(argv)
-    import torch
+def _task(name: str) -> Callable[[Words], int]:
+    def run(w: Words) -> int:
+        cfg, resolved, plan = _experiment(w, name, default=name)
+        if w.dry_run:
+            return _dry(plan)
+        from recurlen.tasks.runner import run_task
 
-    from recurlen import Mamba2LM, preset
-    from recurlen.generation import greedy_generate
-    from recurlen.runs import load_model
-    from recurlen.tokenizer import load_tokenizer
-
-    if ns.checkpoint:
-        loaded = load_model(ns.checkpoint)
-        model, tok_spec = loaded.model, ns.tokenizer or loaded.tokenizer or "bytes"
-    else:
-        torch.manual_seed(0)
-        model, tok_spec = Mamba2LM(preset(ns.model)), ns.tokenizer or "bytes"
-    tok = load_tokenizer(tok_spec)
-    ids = torch.tensor([tok.encode(ns.prompt)])
-    out = greedy_generate(model.eval(), ids, max_new_tokens=ns.max_new_tokens, stop_ids={tok.eos_id})
-    sys.stdout.write(ns.prompt + tok.decode(out[0].tolist()) + "\n")
-    log.info("%d-token prompt, %d new tokens, %.2fM parameters", ids.shape[1], out.shape[1],
-             model.num_parameters() / 1e6)
-    return 0
-
-
-def _lazy(module: str, name: str):
-    def run(argv: list[str]) -> int:
-        import importlib
-
-        return getattr(importlib.import_module(module), name)(argv)
+        log.info("%s done: %s", name, run_task(cfg, resolved))
+        return 0
 
     return run
 
 
-COMMANDS = {
-    "finetune": (cmd_finetune, "post-train (or pre-train) a model with an initial-state intervention"),
-    "train": (cmd_finetune, "alias of finetune"),
-    "config": (cmd_config, "print the resolved experiment config"),
-    "fit-noise": (cmd_fit_noise, "fit the fitted-noise statistics on training batches"),
-    "generate": (cmd_generate, "greedy continuation from a prompt"),
-    "eval": (_lazy("recurlen.eval_cli", "cmd_eval"), "position-wise loss, reset control, state norms, EffRem"),
-    "report": (_lazy("recurlen.eval_cli", "cmd_report"), "Markdown report + plots from results.json files"),
-    "demo": (_lazy("recurlen.eval_cli", "cmd_demo"), "the CPU demo: failure past T and its fix, with a report"),
-    "passkey": (_lazy("recurlen.tasks.cli", "cmd_passkey"), "passkey retrieval: a key hidden in long prompts"),
-    "babilong": (_lazy("recurlen.tasks.cli", "cmd_babilong"), "BABILong: reasoning over facts hidden in long text"),
-    "copying": (_lazy("recurlen.tasks.cli", "cmd_copying"), "synthetic copying: copy a sequence after a long gap"),
+def _dry(plan: list[str]) -> int:
+    _out("\n".join(plan + ["dry run: everything resolved; nothing was loaded, trained or written"]))
+    return 0
+
+
+# ---- evaluation: eval, report ------------------------------------------------------------------------------
+
+
+def _eval_inputs(w: Words):
+    """EvalConfig and held-out DataConfig from the words: settings, data=GROUP, data.KEY=VALUE, [label=]paths."""
+    from omegaconf import OmegaConf
+
+    from recurlen.data.config import DataConfig
+    from recurlen.eval.heldout import build_data_config
+    from recurlen.eval.runner import EvalConfig
+    from recurlen.plan import describe_checkpoint
+
+    names = [f.name for f in fields(EvalConfig) if f.name not in ("checkpoints", "output_dir")]
+    checkpoints, settings, data_group, data_overrides = [], [], None, []
+    with user_input():
+        for word in w.words:
+            key = word.split("=", 1)[0]
+            if key == "data":
+                data_group = word.split("=", 1)[1]
+            elif key.startswith("data."):
+                check_dotlist([word[len("data."):]], DataConfig, what="data setting")
+                data_overrides.append(word)
+            elif "=" in word and key in names:
+                settings.append(word)
+            else:
+                checkpoints.append(word)
+        out_dir = w.paths.get("out", "runs/eval")
+        base = OmegaConf.structured(EvalConfig(checkpoints=checkpoints or ["?"], output_dir=out_dir))
+        cfg = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(settings)))
+        if not checkpoints:
+            raise UserError("no checkpoints given: name one or more run directories, checkpoints or hub ids "
+                            "(`label=path` to name them in the results)")
+        cfg.checkpoints = checkpoints
+        resolved = []
+        for word, (label, path) in zip(checkpoints, cfg.labelled_checkpoints()):
+            try:
+                resolved.append(f"  {label:14s} {describe_checkpoint(path)}")
+            except UserError as err:
+                close = suggest(label, names, n=1) if "=" in word else ""
+                hint = f" (or is {word!r} a misspelt setting{close[:-1]}={path}?)" if close else ""
+                raise UserError(f"{err}{hint}") from None
+        data = build_data_config(cfg.labelled_checkpoints()[0][1], data_group, data_overrides)
+    return cfg, data, resolved
+
+
+def cmd_eval(w: Words) -> int:
+    cfg, data, resolved = _eval_inputs(w)
+    if w.dry_run:
+        from recurlen.plan import describe_data
+
+        with user_input():
+            held_out = describe_data(data)
+        return _dry(["recurlen eval: plan", *resolved,
+                     f"  held-out       {cfg.num_sequences} sequences of {cfg.seq_len or data.long_val_length} tokens "
+                     f"from {held_out}", f"  tasks          {', '.join(cfg.tasks)}",
+                     f"  output         {cfg.output_dir}"])
+    from recurlen.eval.heldout import evaluate_checkpoints
+
+    log.info("wrote %s", evaluate_checkpoints(cfg, data))
+    return 0
+
+
+@dataclass
+class ReportSettings:
+    title: str | None = None
+    """The report's heading (default 'recurlen report')."""
+
+
+def cmd_report(w: Words) -> int:
+    from omegaconf import OmegaConf
+
+    from recurlen.report import read_results, write_report
+
+    with user_input():
+        check_dotlist(w.settings(), ReportSettings)
+        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ReportSettings),
+                                                       OmegaConf.from_dotlist(w.settings())))
+        if not w.positional():
+            raise UserError("no results given: name results.json files or directories holding one")
+        if "out" not in w.paths:
+            raise UserError("--out DIR is required: where report.md, results.json and the plots go")
+        runs, tasks = read_results(w.positional())
+    if w.dry_run:
+        return _dry(["recurlen report: plan", f"  {len(runs)} evaluated runs, {len(tasks)} task results",
+                     f"  output  {w.paths['out']}/report.md, results.json, plots"])
+    log.info("wrote %s", write_report(w.positional(), out_dir=w.paths["out"], title=settings.title))
+    return 0
+
+
+# ---- demo, generate ----------------------------------------------------------------------------------------
+
+
+def cmd_demo(w: Words) -> int:
+    from recurlen.demo import demo_plan, load_demo_config, run_demo
+
+    with user_input():
+        cfg = load_demo_config(w.words)
+        plan = demo_plan(cfg)
+    if w.dry_run:
+        return _dry(plan)
+    root = run_demo(cfg)
+    _out((root / "report.md").read_text())  # the demo's output is its report
+    return 0
+
+
+def cmd_generate(w: Words) -> int:
+    from omegaconf import OmegaConf
+
+    from recurlen.generation import GenerateConfig, generate_text
+    from recurlen.plan import describe_checkpoint
+
+    with user_input():
+        check_dotlist(w.words, GenerateConfig)
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GenerateConfig),
+                                                  OmegaConf.from_dotlist(w.words)))
+        source = describe_checkpoint(w.paths["checkpoint"]) if "checkpoint" in w.paths else f"untrained {cfg.model}"
+    if w.dry_run:
+        return _dry(["recurlen generate: plan", f"  model  {source}", f"  {cfg.max_new_tokens} tokens after "
+                     f"{cfg.prompt!r}"])
+    text, summary = generate_text(cfg, checkpoint=w.paths.get("checkpoint"))
+    _out(text)
+    log.info(summary)
+    return 0
+
+
+# ---- help --------------------------------------------------------------------------------------------------
+
+
+def _experiment_help(command: str, default: str) -> Callable[[Words], str]:
+    def render(w: Words) -> str:
+        from recurlen.experiment.compose import available, compose
+        from recurlen.experiment.schema import GROUPS, ExperimentConfig
+
+        try:
+            cfg, note = compose(w.words, default_experiment=default), "this experiment's value"
+        except (ValueError, FileNotFoundError) as err:
+            cfg, note = None, f"defaults; the given overrides do not compose: {one_line(err)}"
+        chosen = {g: str(cfg[g].get("name", "")) for g in GROUPS} if cfg is not None else {}
+        groups = [f"  {g:13s} {' | '.join(available(g))}" + (f"   (here: {chosen[g]})" if chosen.get(g) else "")
+                  for g in GROUPS]
+        return render_help(
+            f"recurlen {command} {EXPERIMENT_USAGE} [--dry-run]", COMMANDS[command].summary + ".",
+            [(f"experiment=NAME  an experiment file of experiments/ (default {default}): "
+              f"{', '.join(available(pipelines=False))}", []),
+             ("groups (GROUP=CHOICE loads experiments/GROUP/CHOICE.yaml; the experiment's values, then "
+              "KEY=VALUE overrides, go on top):", groups),
+             (f"settings (KEY=VALUE; shown: type = {note}):", settings_help(ExperimentConfig, cfg))],
+            COMMANDS[command].path_flags)
+
+    return render
+
+
+def _settings_help(command: str, usage: str, cls_path: str, *, skip: tuple[str, ...] = (),
+                   extra: tuple[tuple[str, list[str]], ...] = (),
+                   values: Callable[[Words], object] | None = None) -> Callable[[Words], str]:
+    def render(w: Words) -> str:
+        import importlib
+
+        module, name = cls_path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+        shown = values(w) if values else None
+        title = f"settings (KEY=VALUE; shown: type = {'current value' if shown is not None else 'default'}):"
+        return render_help(f"recurlen {command} {usage}", COMMANDS[command].summary + ".",
+                           [*extra, (title, settings_help(cls, shown, skip=skip))], COMMANDS[command].path_flags)
+
+    return render
+
+
+def _demo_values(w: Words):
+    from recurlen.demo import load_demo_config
+
+    try:
+        return load_demo_config(w.words)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Command:
+    run: Callable[[Words], int]
+    summary: str
+    help: Callable[[Words], str]
+    path_flags: dict[str, str] = field(default_factory=dict)
+
+
+_EVAL_EXTRA = (("checkpoints: [LABEL=]PATH words: run directories, .ckpt files, pretrained directories, hub ids",
+                []),
+               ("held-out data: data=GROUP (experiments/data/), data.KEY=VALUE (DataConfig fields); default: the "
+                "first run's own data", []))
+
+COMMANDS: dict[str, Command] = {
+    "finetune": Command(cmd_finetune, "post-train (or pre-train) a model with an initial-state intervention",
+                        _experiment_help("finetune", "finetune")),
+    "train": Command(cmd_finetune, "alias of finetune", _experiment_help("train", "finetune")),
+    "config": Command(cmd_config, "print the resolved experiment config", _experiment_help("config", "finetune")),
+    "fit-noise": Command(cmd_fit_noise, "fit the fitted-noise statistics on training batches",
+                         _experiment_help("fit-noise", "finetune"),
+                         {"--out": "output file (default <run_dir>/fitted_noise.pt)"}),
+    "eval": Command(cmd_eval, "position-wise loss, reset control, state norms and EffRem of checkpoints",
+                    _settings_help("eval", "[LABEL=]CHECKPOINT ... [KEY=VALUE ...] [data=GROUP] [--out DIR]",
+                                   "recurlen.eval.runner.EvalConfig", skip=("checkpoints", "output_dir"),
+                                   extra=_EVAL_EXTRA),
+                    {"--out": "output directory (default runs/eval)"}),
+    "report": Command(cmd_report, "Markdown report with verdicts and plots from results.json files",
+                      _settings_help("report", "RESULTS ... --out DIR [title=TEXT]", "recurlen.cli.ReportSettings"),
+                      {"--out": "directory for report.md, the merged results.json and the plots"}),
+    "demo": Command(cmd_demo, "the CPU demo: failure past T and its fix, with a report (make demo)",
+                    _settings_help("demo", "[KEY=VALUE ...]", "recurlen.demo.DemoConfig", skip=("pipeline",),
+                                   values=_demo_values)),
+    "generate": Command(cmd_generate, "greedy continuation from a prompt",
+                        _settings_help("generate", "[--checkpoint PATH] [KEY=VALUE ...]",
+                                       "recurlen.generation.GenerateConfig"),
+                        {"--checkpoint": "run directory, .ckpt, pretrained directory or hub id (default: model=)"}),
+    "passkey": Command(_task("passkey"), "passkey retrieval: a key hidden in long prompts",
+                       _experiment_help("passkey", "passkey")),
+    "babilong": Command(_task("babilong"), "BABILong: reasoning over facts hidden in long text",
+                        _experiment_help("babilong", "babilong")),
+    "copying": Command(_task("copying"), "synthetic copying: copy a string after training on shorter ones",
+                       _experiment_help("copying", "copying")),
 }
+
+
+def overview() -> str:
+    lines = ["usage: recurlen COMMAND [KEY=VALUE ...] [--help] [--dry-run] [--debug]", "",
+             __doc__.strip().split("\n\n")[1], "", "commands:"]
+    lines += [f"  {name:10s} {c.summary}" for name, c in COMMANDS.items()]
+    lines += ["", "`recurlen COMMAND --help` lists what a command accepts."]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        lines = [__doc__.strip(), "", "commands:"] + [f"  {k:10s} {v[1]}" for k, v in COMMANDS.items()]
-        sys.stdout.write("\n".join(lines) + "\n")
+        _out(overview())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        sys.stderr.write(f"recurlen: unknown command {name!r}; allowed: {sorted(COMMANDS)}\n")
+        sys.stderr.write(f"recurlen: unknown command {name!r}{suggest(name, COMMANDS)}; allowed: {list(COMMANDS)}\n")
         return 2
+    command = COMMANDS[name]
     _setup_logging()
     try:
-        return COMMANDS[name][0](rest)
-    except (ValueError, FileNotFoundError) as err:
-        sys.stderr.write(f"recurlen {name}: error: {err}\n")
+        words = split_words(rest, path_flags=command.path_flags)
+        if words.help:
+            _out(command.help(words))
+            return 0
+        return command.run(words)
+    except UserError as err:
+        if debug_requested(argv):
+            raise
+        sys.stderr.write(f"recurlen {name}: error: {one_line(err)}\n")
         return 2
 
 

@@ -44,15 +44,21 @@ class Mamba2Config:
     dt_min: float = 0.001
     """Initial dt is log-uniform in [dt_min, dt_max] (mamba-ssm default)."""
     dt_max: float = 0.1
+    """Upper end of the initial dt range."""
     dt_init_floor: float = 1e-4
+    """Smallest initial dt (mamba-ssm clamps the sampled values to it)."""
     dt_limit: tuple[float, float] = (0.0, float("inf"))
     """dt is clamped to this range after softplus (mamba-ssm default: no clamp)."""
     conv_bias: bool = True
+    """Bias in the short causal convolution."""
     bias: bool = False
     """Bias in in_proj / out_proj (official: False)."""
     norm_eps: float = 1e-5
+    """Epsilon of the RMSNorms."""
     rms_norm: bool = True
+    """RMSNorm (the only norm implemented; False is rejected)."""
     residual_in_fp32: bool = True
+    """Keep the residual stream in float32 under mixed precision."""
     initializer_range: float = 0.02
     """Std of the embedding init when training from scratch."""
 

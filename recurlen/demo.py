@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from tqdm import tqdm
 from recurlen.experiment.compose import experiments_dir
 from recurlen.files import write_json, write_text
 from recurlen.interventions import INTERVENTIONS
+from recurlen.report import FAILS_MARGIN, GENERALIZES_TOL, bins_of, in_context_loss, write_report
 from recurlen.runs import RunDir
 
 log = logging.getLogger(__name__)
@@ -42,10 +44,15 @@ class DemoEval:
     num_sequences: int = 64
     """Held-out sequences for the position-wise loss, the reset control and the state norms."""
     effrem: bool = True
+    """Also measure Effective Remembrance."""
     effrem_sequences: int = 16
+    """Sequences averaged for EffRem."""
     effrem_points: int = 9
+    """Points of EffRem's t-grid."""
     chunk_len: int = 256
+    """Tokens per forward call (the state is carried between calls)."""
     batch_size: int = 16
+    """Sequences per forward call."""
 
 
 @dataclass
@@ -53,15 +60,21 @@ class DemoConfig:
     pipeline: str = "demo"
     """Marks experiments/demo.yaml as a pipeline (run by `recurlen demo`), not a single training run."""
     run_root: str = "runs/demo"
+    """Where the stages' run directories, report.md and results.json go."""
     parallel: int = 2
     """Post-trainings run at the same time (one per core)."""
     threads_per_run: int = 1
+    """Torch threads of each post-training (pretrain and eval use parallel x this)."""
     pretrain_experiment: str = "demo-pretrain"
+    """The experiment of stage 1 (experiments/NAME.yaml)."""
     pretrain_steps: int | None = None
     """None: the pretrain experiment's trainer.max_steps."""
     posttrain_experiment: str = "demo-posttrain"
+    """The experiment of stage 2, run once per intervention."""
     posttrain_steps: int | None = None
+    """None: the post-train experiment's trainer.max_steps."""
     interventions: list[str] = field(default_factory=lambda: list(INTERVENTIONS))
+    """Post-trainings to compare."""
     overrides: list[str] = field(default_factory=list)
     """Extra overrides given to every training stage (e.g. data.max_documents=100 for a quick run)."""
     eval: DemoEval = field(default_factory=DemoEval)
@@ -75,12 +88,35 @@ class DemoConfig:
 
 
 def load_demo_config(args: list[str]) -> DemoConfig:
+    """demo.yaml with key=value overrides, validated (unknown keys: UserError with suggestions)."""
+    from recurlen.cli_args import check_dotlist
+
+    check_dotlist(args, DemoConfig, what="demo setting")
     path = experiments_dir() / "demo.yaml"
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(DemoConfig), OmegaConf.load(path), OmegaConf.from_dotlist(args))
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise ValueError(f"bad demo config: {str(err).splitlines()[0]} ({getattr(err, 'full_key', '')})") from err
+
+
+def demo_plan(cfg: DemoConfig) -> list[str]:
+    """The stages the demo would run (each training stage's experiment composed and validated)."""
+    from recurlen.plan import experiment_plan
+
+    root = Path(cfg.run_root)
+    pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
+    post = _experiment_cfg(cfg, cfg.posttrain_experiment)
+    lines = ["recurlen demo: plan", *experiment_plan(pre, command="demo")[2:4],
+             f"  1. pretrain      {cfg.pretrain_steps or pre.trainer.max_steps} steps -> {root / 'pretrain'}"
+             + (" (done: reused)" if _stage_done(root / "pretrain", _stage_args(
+                 cfg, cfg.pretrain_experiment, root / "pretrain", cfg.pretrain_steps, [])) else ""),
+             f"  2. post/<name>   {cfg.posttrain_steps or post.trainer.max_steps} steps each, {cfg.parallel} at a "
+             f"time: {', '.join(cfg.interventions)} -> {root / 'post'}",
+             f"  3. eval          {cfg.eval.num_sequences} held-out sequences of {cfg.eval.length} tokens"
+             f"{' + EffRem' if cfg.eval.effrem else ''} -> {root / 'eval'}",
+             f"  4. report        {root / 'report.md'}"]
+    return lines
 
 
 def _stage_done(run_dir: Path, args: list[str]) -> bool:
@@ -149,10 +185,8 @@ def run_demo(cfg: DemoConfig) -> Path:
     stages.update(1)
     stages.close()
 
-    from recurlen.report import write_report
-
     write_report([root / "eval" / "results.json"], out_dir=root, timings=timings,
-                 wall_seconds=time.perf_counter() - t0, notes=setup_notes(cfg))
+                 wall_seconds=time.perf_counter() - t0, notes=setup_notes(cfg), checks=demo_checks)
     log.info("demo finished in %.0f s: %s", time.perf_counter() - t0, root / "report.md")
     return root
 
@@ -212,4 +246,51 @@ def _evaluate(cfg: DemoConfig, root: Path, base: Path, *, threads: int) -> None:
     run_eval(ecfg, sequences)
 
 
-__all__ = ["DemoConfig", "DemoEval", "load_demo_config", "run_demo"]
+IN_CONTEXT_REL_TOL = 0.08
+"""A fix must keep the [0,T) loss within 8% of the baseline's."""
+BASE_LABELS = ("base", "baseline")
+
+
+def demo_checks(runs: Sequence[dict]) -> list[dict]:
+    """The demo's acceptance checks, where the runs have the demo's labels (base, none, state_passing, tbptt)."""
+    by_label = {r["label"]: r for r in runs}
+    base = next((by_label[b] for b in BASE_LABELS if b in by_label), None)
+    if base is None:
+        return []
+    T = base["train_len"]
+    checks = []
+
+    def bin_value(run, name, key="full_minus_reset"):
+        row = next((r for r in bins_of(run) if r["name"] == name), None)
+        return None if row is None else row.get(key)
+
+    b816 = bin_value(base, "[8T,16T)")
+    if b816 is not None:
+        checks.append({"check": "baseline fails: full - reset >= +0.3 in [8T,16T)", "value": b816,
+                       "passed": b816 >= FAILS_MARGIN})
+    base_ctx = in_context_loss(base)
+    for name in ("state_passing", "tbptt"):
+        run = by_label.get(name)
+        if run is None:
+            continue
+        rows = [r for r in bins_of(run)
+                if r["start"] >= T and r["end"] <= 16 * T and r.get("full_minus_reset") is not None]
+        worst = max((r["full_minus_reset"] for r in rows), default=None)
+        # Named after the bins that were evaluated: a shorter evaluation must not claim 16T.
+        reach = -(-max((r["end"] for r in rows), default=16 * T) // T)  # ceil: the last bin may end at L - 1
+        checks.append({"check": f"{name} fixes it: full - reset <= +{GENERALIZES_TOL} in every bin up to {reach}T",
+                       "value": worst, "passed": worst is not None and worst <= GENERALIZES_TOL})
+        ctx = in_context_loss(run)
+        if ctx is not None and base_ctx:
+            rel = ctx / base_ctx - 1.0
+            checks.append({"check": f"{name} keeps the [0,T) loss within 8% of the baseline's", "value": rel,
+                           "passed": abs(rel) <= IN_CONTEXT_REL_TOL})
+    if "none" in by_label:
+        v = bin_value(by_label["none"], "[8T,16T)")
+        if v is not None:
+            checks.append({"check": "plain fine-tuning (none) still fails: full - reset > +0.05 in [8T,16T)",
+                           "value": v, "passed": v > GENERALIZES_TOL})
+    return checks
+
+
+__all__ = ["DemoConfig", "DemoEval", "demo_checks", "demo_plan", "load_demo_config", "run_demo"]

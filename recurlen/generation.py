@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from recurlen.model import Mamba2LM
@@ -40,3 +42,44 @@ def greedy_generate(model: Mamba2LM, prompt_ids_BL: torch.Tensor, *, max_new_tok
                 break
         logits_BV, state = model.step(next_B, state)
     return torch.stack(out, dim=1)
+
+
+@dataclass
+class GenerateConfig:
+    model: str = "tiny"
+    """A preset, randomly initialised (a smoke check); ignored with --checkpoint."""
+    tokenizer: str | None = None
+    """Tokenizer spec; None: the checkpoint's, else bytes."""
+    prompt: str = "def main("
+    """The text to continue."""
+    max_new_tokens: int = 64
+    """Tokens generated greedily."""
+
+    def __post_init__(self) -> None:
+        from recurlen.config import PRESETS
+
+        if self.model not in PRESETS:
+            raise ValueError(f"model={self.model!r} is unknown; allowed: {sorted(PRESETS)}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1; got {self.max_new_tokens}")
+
+
+def generate_text(cfg: GenerateConfig, *, checkpoint: str | None = None) -> tuple[str, str]:
+    """(the prompt and its greedy continuation, a one-line summary of what ran)."""
+    from recurlen.config import preset
+    from recurlen.tokenizer import load_tokenizer
+
+    if checkpoint:
+        from recurlen.runs import load_model
+
+        loaded = load_model(checkpoint)
+        model, tok_spec = loaded.model, cfg.tokenizer or loaded.tokenizer or "bytes"
+    else:
+        torch.manual_seed(0)
+        model, tok_spec = Mamba2LM(preset(cfg.model)), cfg.tokenizer or "bytes"
+    tok = load_tokenizer(tok_spec)
+    ids = torch.tensor([tok.encode(cfg.prompt)])
+    out = greedy_generate(model.eval(), ids, max_new_tokens=cfg.max_new_tokens, stop_ids={tok.eos_id})
+    summary = (f"{ids.shape[1]}-token prompt, {out.shape[1]} new tokens, "
+               f"{model.num_parameters() / 1e6:.2f}M parameters")
+    return cfg.prompt + tok.decode(out[0].tolist()), summary

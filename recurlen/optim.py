@@ -17,12 +17,15 @@ class OptimConfig:
     weight_decay: float = 0.1
     """Decoupled weight decay on matrices; norms, biases, A_log, dt_bias and D are never decayed."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW (beta1, beta2)."""
     eps: float = 1e-8
+    """AdamW epsilon."""
     warmup_steps: int = 50
     """Linear warmup from 0 (optimizer steps)."""
     schedule: str = "cosine"
     """After warmup: cosine to min_lr_ratio*lr, linear to min_lr_ratio*lr, or constant."""
     min_lr_ratio: float = 0.1
+    """The rate the schedule ends at, as a fraction of lr."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables clipping)."""
 

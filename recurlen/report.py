@@ -5,7 +5,7 @@
 
 Writes <out>/report.md, <out>/results.json (all runs merged, plus the verdicts) and the PNG plots.
 Works on the CPU demo and on GPU evaluations of the official checkpoints alike; the long-context tasks'
-results (passkey, BABILong, copying) get their own section (recurlen.report_tasks).
+results (passkey, BABILong, copying) get their own section (recurlen.tasks.report).
 
 Verdicts read the paired control: full - reset per position bin, where "reset" scores the same tokens
 with the state zeroed every T tokens. It removes the bin-to-bin differences of content, so:
@@ -18,23 +18,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from recurlen.eval.plots import PLOT_NAMES, results_file, write_plots
 from recurlen.files import write_json, write_text
-from recurlen.report_tasks import check_task_result, is_task_result, strip_private, task_sections
+from recurlen.tasks.report import check_task_result, is_task_result, strip_private, task_sections
 
 GENERALIZES_TOL = 0.05
 """full - reset at most this (nats) counts as no harm from the longer context."""
 FAILS_MARGIN = 0.3
 """full - reset at least this (nats) counts as a clear failure."""
-IN_CONTEXT_REL_TOL = 0.08
-"""A fix must keep the [0,T) loss within 8% of the baseline's."""
-BASE_LABELS = ("base", "baseline")
 
 
-def _bins(run: dict) -> list[dict]:
+def bins_of(run: dict) -> list[dict]:
     return (run.get("positionwise") or {}).get("bins") or []
 
 
@@ -49,7 +46,7 @@ def _bin_end_multiple(row: dict, train_len: int) -> float:
 def run_verdict(run: dict, *, up_to_multiple: float | None = None) -> dict:
     """Does full - reset stay <= tolerance in every bin (up to a multiple of T)? Where does it fail?"""
     T = run.get("train_len") or (run.get("positionwise") or {}).get("train_len")
-    rows = [r for r in _bins(run) if r.get("full_minus_reset") is not None and r["start"] >= T]
+    rows = [r for r in bins_of(run) if r.get("full_minus_reset") is not None and r["start"] >= T]
     if up_to_multiple is not None:
         rows = [r for r in rows if _bin_end_multiple(r, T) <= up_to_multiple + 1e-9]
     if not rows:
@@ -71,58 +68,16 @@ def run_verdict(run: dict, *, up_to_multiple: float | None = None) -> dict:
             "worst_bin": worst["name"], "worst_full_minus_reset": worst["full_minus_reset"], "text": text}
 
 
-def _in_context_loss(run: dict) -> float | None:
-    rows = _bins(run)
+def in_context_loss(run: dict) -> float | None:
+    rows = bins_of(run)
     return rows[0]["loss"] if rows else None
 
 
-def demo_checks(runs: Sequence[dict]) -> list[dict]:
-    """The demo's acceptance checks, where the runs have the demo's labels (base, none, state_passing, tbptt)."""
-    by_label = {r["label"]: r for r in runs}
-    base = next((by_label[b] for b in BASE_LABELS if b in by_label), None)
-    if base is None:
-        return []
-    T = base["train_len"]
-    checks = []
-
-    def bin_value(run, name, key="full_minus_reset"):
-        row = next((r for r in _bins(run) if r["name"] == name), None)
-        return None if row is None else row.get(key)
-
-    b816 = bin_value(base, "[8T,16T)")
-    if b816 is not None:
-        checks.append({"check": "baseline fails: full - reset >= +0.3 in [8T,16T)", "value": b816,
-                       "passed": b816 >= FAILS_MARGIN})
-    base_ctx = _in_context_loss(base)
-    for name in ("state_passing", "tbptt"):
-        run = by_label.get(name)
-        if run is None:
-            continue
-        rows = [r for r in _bins(run)
-                if r["start"] >= T and r["end"] <= 16 * T and r.get("full_minus_reset") is not None]
-        worst = max((r["full_minus_reset"] for r in rows), default=None)
-        # Named after the bins that were evaluated: a shorter evaluation must not claim 16T.
-        reach = -(-max((r["end"] for r in rows), default=16 * T) // T)  # ceil: the last bin may end at L - 1
-        checks.append({"check": f"{name} fixes it: full - reset <= +{GENERALIZES_TOL} in every bin up to {reach}T",
-                       "value": worst, "passed": worst is not None and worst <= GENERALIZES_TOL})
-        ctx = _in_context_loss(run)
-        if ctx is not None and base_ctx:
-            rel = ctx / base_ctx - 1.0
-            checks.append({"check": f"{name} keeps the [0,T) loss within 8% of the baseline's", "value": rel,
-                           "passed": abs(rel) <= IN_CONTEXT_REL_TOL})
-    if "none" in by_label:
-        v = bin_value(by_label["none"], "[8T,16T)")
-        if v is not None:
-            checks.append({"check": "plain fine-tuning (none) still fails: full - reset > +0.05 in [8T,16T)",
-                           "value": v, "passed": v > GENERALIZES_TOL})
-    return checks
-
-
 def _table(runs: Sequence[dict], key: str, title: str, spec: str) -> list[str]:
-    names = [r["name"] for r in _bins(runs[0])] if runs else []
+    names = [r["name"] for r in bins_of(runs[0])] if runs else []
     lines = [f"### {title}", "", "| run | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for run in runs:
-        values = {r["name"]: r.get(key) for r in _bins(run)}
+        values = {r["name"]: r.get(key) for r in bins_of(run)}
         lines.append(f"| {run['label']} | " + " | ".join(_fmt(values.get(n), spec) for n in names) + " |")
     return lines + [""]
 
@@ -172,8 +127,11 @@ def read_results(paths: Sequence[str | os.PathLike]) -> tuple[list[dict], list[d
 
 def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.PathLike, title: str | None = None,
                  timings: Sequence[dict] | None = None, wall_seconds: float | None = None,
-                 notes: Sequence[str] = ()) -> Path:
-    """report.md, a merged results.json and the plots in out_dir, from evaluation and / or task results."""
+                 notes: Sequence[str] = (), checks: Callable[[Sequence[dict]], list[dict]] | None = None) -> Path:
+    """report.md, a merged results.json and the plots in out_dir, from evaluation and / or task results.
+
+    checks: acceptance checks of a particular experiment (the demo's), given the runs; each
+    {"check": text, "value": number, "passed": bool}, tabulated under "Checks"."""
     runs, tasks = read_results(results)
     if not runs and not tasks:
         raise ValueError("no runs in the given results files")
@@ -181,7 +139,7 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     out.mkdir(parents=True, exist_ok=True)
     plots = write_plots(runs, out) if runs else []
     verdicts = [run_verdict(r) for r in runs]
-    checks = demo_checks(runs)
+    checks = checks(runs) if checks and runs else []
     lines = [f"# {title or 'recurlen report'}", ""]
     if runs:
         T = runs[0].get("train_len")
@@ -216,7 +174,7 @@ def _evaluation_lines(runs: Sequence[dict], verdicts: Sequence[dict], checks: Se
     lines: list[str] = []
     lines += ["## Verdicts", ""] + [f"- {v['text']}" for v in verdicts] + [""]
     if checks:
-        lines += ["## Demo checks", "", "| check | value | result |", "|---|---|---|"]
+        lines += ["## Checks", "", "| check | value | result |", "|---|---|---|"]
         lines += [f"| {c['check']} | {_fmt(c['value'], '+.3f')} | {'PASS' if c['passed'] else 'MISS'} |"
                   for c in checks]
         missed = [c for c in checks if not c["passed"]]

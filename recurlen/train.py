@@ -176,3 +176,20 @@ def _close_process_group(trainer: L.Trainer) -> None:
     if dist.is_available() and dist.is_initialized():
         trainer.strategy.barrier("recurlen-finish")
         dist.destroy_process_group()
+
+
+def run_fit_noise(cfg: ExperimentConfig, out: str | Path | None = None):
+    """Fit the fitted-noise statistics on `intervention.fit_batches` training batches and save them
+    (default <run_dir>/fitted_noise.pt). Returns (path, statistics)."""
+    dm = RecurlenDataModule(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    model = build_model(cfg)
+    dm.check_model_vocab(model.config.vocab_size)
+    module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
+                            train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer, total_steps=1)
+    n = cfg.intervention.fit_batches
+    stats = module.fit_noise((dm.train_batch(s) for s in range(n)), num_batches=n)
+    path = Path(out) if out else RunDir(cfg.resolved_run_dir).fitted_noise
+    stats.save(str(path))
+    return path, stats

@@ -51,7 +51,7 @@ def test_quick_demo_writes_every_artefact_and_reuses_finished_stages(tmp_path):
     assert all(isinstance(c["passed"], bool) and c["value"] is not None for c in checks.values())
     report = (root / "report.md").read_text()
     assert "did NOT fail past T" in report  # the report says why A is initialised as it is
-    for section in ["## Setup", "## Verdicts", "## Demo checks", "## Loss by position", "## Effective Remembrance",
+    for section in ["## Setup", "## Verdicts", "## Checks", "## Loss by position", "## Effective Remembrance",
                     "## Stages"]:
         assert section in report, section
     assert {t["stage"] for t in results["timings"]} == {"pretrain", "post/none", "post/state_passing", "post/tbptt"}

@@ -24,7 +24,7 @@ def test_pipelines_load_and_refuse_single_run_composition():
     assert demo.eval.num_sequences == 8 and len(demo.interventions) == 5
     with pytest.raises(ValueError, match="is a pipeline of several runs; run it with `recurlen demo`"):
         compose(["experiment=demo"])
-    with pytest.raises(ValueError, match="bad demo config"):
+    with pytest.raises(ValueError, match="unknown demo setting .eval.lenght.; did you mean eval.length"):
         load_demo_config(["eval.lenght=3"])
 
 

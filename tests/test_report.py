@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from recurlen.report import demo_checks, read_results, run_verdict, write_report
+from recurlen.demo import demo_checks
+from recurlen.report import read_results, run_verdict, write_report
 
 BINS = ["[0,T)", "[T,2T)", "[2T,4T)", "[4T,8T)", "[8T,16T)"]
 
@@ -53,7 +54,8 @@ def test_report_says_plainly_what_missed(tmp_path):
     results.parent.mkdir()
     results.write_text(json.dumps({"format": "recurlen.eval/1", "runs": [
         run("base", [0, 0, 0.1, 0.3, 0.2]), run("tbptt", [0, 0, 0.0, 0.0, 0.0])]}))
-    text = write_report([results.parent], out_dir=tmp_path / "out").read_text()
+    assert "## Checks" not in write_report([results.parent], out_dir=tmp_path / "plain").read_text()
+    text = write_report([results.parent], out_dir=tmp_path / "out", checks=demo_checks).read_text()
     assert "| baseline fails: full - reset >= +0.3 in [8T,16T) | +0.200 | MISS |" in text
     assert "**2 of 3 checks passed.** Missed: baseline fails" in text
     merged = json.loads((tmp_path / "out" / "results.json").read_text())

@@ -70,6 +70,7 @@ class EvalConfig:
     effrem_t: list[int] | None = None
     """t-grid in [0, T-1]. None: effrem_points evenly spaced values."""
     effrem_points: int = 17
+    """Points of the evenly spaced t-grid when effrem_t is None."""
     effrem_sequences: int | None = None
     """Sequences averaged for EffRem. None: num_sequences."""
     effrem_max_rows: int = 64
@@ -82,6 +83,8 @@ class EvalConfig:
     """bf16 autocast on CUDA (ignored on CPU); the NLL and the TV are always computed in float32+."""
     progress: bool = True
     """tqdm progress bars."""
+    num_threads: int | None = None
+    """torch threads on CPU; None leaves torch's default."""
 
     def __post_init__(self) -> None:
         self.checkpoints = [str(c) for c in self.checkpoints]  # omegaconf ListConfig -> list

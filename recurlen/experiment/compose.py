@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from recurlen.cli_args import check_key, schema_keys, suggest
 from recurlen.experiment.schema import GROUPS, ExperimentConfig
 from recurlen.interventions import LAYOUT_FOR
 
@@ -56,7 +57,8 @@ def _load_yaml(path: Path) -> DictConfig:
 def _group_file(root: Path, group: str, choice: str) -> Path:
     path = root / group / f"{choice}.yaml"
     if not path.is_file():
-        raise ValueError(f"unknown {group} {choice!r}; allowed: {available(group, root=root)}")
+        choices = available(group, root=root)
+        raise ValueError(f"unknown {group} {choice!r}{suggest(choice, choices)}; allowed: {choices}")
     return path
 
 
@@ -72,6 +74,7 @@ def parse_overrides(args: list[str]) -> tuple[str | None, dict[str, str], list[s
         elif key in GROUPS:  # a whole section is never a scalar, so `model=x` always picks a file
             groups[key] = value
         else:
+            check_key(key.lstrip("+~"), ExperimentConfig, what="key", extra=("experiment", *GROUPS))
             dotlist.append(arg)
     return experiment, groups, dotlist
 
@@ -83,7 +86,8 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
     experiment = experiment or default_experiment
     exp_path = root / f"{experiment}.yaml"
     if not exp_path.is_file():
-        raise ValueError(f"unknown experiment {experiment!r}; allowed: {available(root=root)}")
+        names = available(root=root, pipelines=False)
+        raise ValueError(f"unknown experiment {experiment!r}{suggest(experiment, names)}; allowed: {names}")
     exp = _load_yaml(exp_path)
     if "pipeline" in exp:
         raise ValueError(f"experiments/{experiment}.yaml is a pipeline of several runs; run it with "
@@ -120,7 +124,10 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
 def _explain(err: OmegaConfBaseException) -> str:
     msg = str(err).splitlines()[0]
     key = getattr(err, "full_key", None)
-    return f"{key}: {msg}" if key and key not in msg else msg
+    text = f"{key}: {msg}" if key and key not in msg else msg
+    if key and ("not in struct" in msg or "not in dataclass" in msg):
+        text += suggest(str(key), schema_keys(ExperimentConfig))
+    return text
 
 
 def to_object(cfg: DictConfig) -> ExperimentConfig:

@@ -42,10 +42,13 @@ class TrainerSection:
     max_steps: int = 500
     """Optimizer steps (the paper post-trains for 500, ~0.1% of pre-training)."""
     accumulate_grad_batches: int = 1
+    """Micro-batches per optimizer step."""
     accelerator: str = "auto"
+    """'auto', 'cpu' or 'gpu' (Lightning's names)."""
     devices: str = "auto"
     """'auto', a count, or a comma list of ids; per node."""
     num_nodes: int = 1
+    """Machines; devices are per node."""
     strategy: str = "auto"
     """auto, ddp, fsdp, ... (Lightning's names). Each rank owns its lanes and their states."""
     precision: str = "auto"
@@ -53,15 +56,19 @@ class TrainerSection:
     val_every_n_steps: int = 100
     """Run validation (and the diagnostics callbacks) every this many optimizer steps; 0 = only at the end."""
     limit_val_batches: int = 8
+    """Batches of held-out segments that val/loss averages per validation."""
     log_every_n_steps: int = 10
+    """Log train/* scalars every this many optimizer steps."""
     checkpoint_every_n_steps: int = 100
     """Keep a step checkpoint every this many steps (plus last.ckpt); 0 = only last.ckpt at the end."""
     num_threads: int | None = None
     """torch.set_num_threads on CPU; None leaves torch's default."""
     progress_bar: bool = True
+    """The step progress bar (step n/max, tokens/s)."""
     slurm_auto_requeue: bool = True
     """Under SLURM, requeue the job on the pre-emption signal; it resumes from last.ckpt."""
     deterministic: bool = False
+    """torch deterministic algorithms (slower)."""
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "accumulate_grad_batches", "num_nodes", "limit_val_batches", "log_every_n_steps"):
@@ -118,6 +125,7 @@ class ExperimentConfig:
     resume: str = "auto"
     """'auto' resumes from the newest checkpoint in run_dir, 'never' starts fresh, or a .ckpt path."""
     seed: int = 0
+    """Seeds the initialisation, the data order and the interventions' randomness."""
     model: ModelSection = field(default_factory=ModelSection)
     data: DataConfig = field(default_factory=DataConfig)
     intervention: InterventionConfig = field(default_factory=InterventionConfig)

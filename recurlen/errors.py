@@ -1,0 +1,54 @@
+"""Errors that are the user's to fix, and how the command line shows them.
+
+A user error is a problem the user fixes by changing what they typed or what is on disk: an unknown key,
+a bad value, a missing path. The command line (`recurlen.cli`) prints it as one line,
+`recurlen <command>: error: <message>`, and exits with status 2, without a traceback. Everything else is
+a bug and keeps its traceback. `--debug` on any command, or RECURLEN_DEBUG=1 in the environment, shows
+the traceback of user errors too.
+
+Two ways to mark an error as the user's:
+- raise `UserError` (a ValueError, so callers that catch ValueError keep working) from anywhere, e.g.
+  when a dataset named on the command line turns out to be missing only when it is opened;
+- run argument / config validation inside `with user_input():`, which turns the ValueError and
+  FileNotFoundError that validation raises (omegaconf merges, dataclass __post_init__, path checks)
+  into UserError. Outside such a block a plain ValueError is a bug: it shows its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+DEBUG_ENV = "RECURLEN_DEBUG"
+
+
+class UserError(ValueError):
+    """An error the user fixes (bad argument, unknown key, missing file): one line, no traceback."""
+
+
+@contextlib.contextmanager
+def user_input() -> Iterator[None]:
+    """Treat ValueError / FileNotFoundError raised inside as user errors (argument and config validation)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (ValueError, FileNotFoundError) as err:
+        raise UserError(str(err)) from err
+
+
+def debug_requested(argv: list[str]) -> bool:
+    """--debug on the command line or RECURLEN_DEBUG set to something other than 0 / empty."""
+    return "--debug" in argv or os.environ.get(DEBUG_ENV, "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def one_line(err: BaseException) -> str:
+    """The message of an error on one line (multi-line messages are joined with '; ')."""
+    text = str(err).strip() or type(err).__name__
+    if isinstance(err, FileNotFoundError) and err.filename and str(err.filename) not in text:
+        text = f"{text}: {err.filename}"
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+__all__ = ["DEBUG_ENV", "UserError", "debug_requested", "one_line", "user_input"]

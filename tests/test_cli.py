@@ -1,0 +1,121 @@
+"""The command layer: one table, --help from the dataclasses, validation before work, user errors in one line."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from recurlen import cli
+from recurlen.cli_args import _sections, field_docs
+from recurlen.errors import UserError, user_input
+
+
+def run(capsys, *argv):
+    rc = cli.main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_command_has_help(capsys, name):
+    rc, out, err = run(capsys, name, "--help")
+    assert rc == 0 and err == ""
+    assert out.startswith(f"usage: recurlen {name}") and "--dry-run" in out
+
+
+def test_experiment_help_lists_groups_choices_and_fields_with_type_value_and_meaning(capsys):
+    rc, out, _ = run(capsys, "finetune", "model=780m", "--help")
+    assert rc == 0
+    assert "model         1.3b | 130m | 2.7b | 370m | 780m | nano | small | tiny   (here: 780m)" in out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("trainer.max_steps "))
+    assert "int = 500" in line and "Optimizer steps" in line
+    assert "model.pretrained    str | None = state-spaces/mamba2-780m" in out  # the composed value, not the default
+    rc, out, _ = run(capsys, "eval", "--help")
+    assert "seq_len" in out and "L, tokens per held-out sequence" in out and "data=GROUP" in out
+
+
+def test_every_settings_field_has_a_meaning():
+    from recurlen.demo import DemoConfig
+    from recurlen.eval.runner import EvalConfig
+    from recurlen.experiment.schema import ExperimentConfig
+    from recurlen.generation import GenerateConfig
+
+    missing = []
+
+    def walk(cls):
+        docs, sections = field_docs(cls), _sections(cls)
+        missing.extend(f"{cls.__name__}.{f.name}" for f in dataclasses.fields(cls)
+                       if f.name not in docs and f.name not in sections)
+        for sub in sections.values():
+            walk(sub)
+
+    for cls in (ExperimentConfig, DemoConfig, EvalConfig, GenerateConfig, cli.ReportSettings):
+        walk(cls)
+    assert missing == []
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["finetune", "trainer.max_step=3"], "unknown key 'trainer.max_step'; did you mean trainer.max_steps"),
+    (["finetune", "model=780mm"], "unknown model '780mm'; did you mean 780m"),
+    (["config", "experiment=finetun"], "unknown experiment 'finetun'; did you mean finetune"),
+    (["demo", "eval.lenght=3"], "unknown demo setting 'eval.lenght'; did you mean eval.length"),
+    (["finetune", "--outt", "x"], "unknown option --outt"),
+    (["finetune", "trainer.max_steps=0"], "trainer.max_steps must be >= 1; got 0"),
+    (["eval", "nowhere/at-all/run"], "checkpoint 'nowhere/at-all/run' does not exist"),
+    (["generate", "--checkpoint", "missing.ckpt"], "checkpoint 'missing.ckpt' does not exist"),
+])
+def test_user_errors_print_one_line_without_traceback(capsys, argv, expected):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert err.startswith(f"recurlen {argv[0]}: error: ") and expected in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_eval_typo_fails_before_any_model_is_loaded(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"not a checkpoint: loading it would fail differently")
+    rc, _, err = run(capsys, "eval", str(run_dir), "seq_lenn=256", "--out", str(tmp_path / "out"))
+    assert rc == 2 and "checkpoint '256' does not exist" in err and "seq_len=256?" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_takes_options_and_settings_in_any_order(capsys, tmp_path):
+    rc, out, err = run(capsys, "eval", "--out", str(tmp_path), "state-spaces/mamba2-780m", "seq_len=4096",
+                       "data=pg19", "num_sequences=2", "--dry-run", "data.max_documents=10")
+    assert rc == 0, err
+    assert "2 sequences of 4096 tokens" in out and "first 10 documents" in out and f"output         {tmp_path}" in out
+
+
+def test_debug_shows_the_traceback_and_bugs_keep_theirs(capsys, monkeypatch):
+    with pytest.raises(UserError, match="trainer.max_step"):
+        cli.main(["finetune", "trainer.max_step=3", "--debug"])
+    monkeypatch.setenv("RECURLEN_DEBUG", "1")
+    with pytest.raises(UserError):
+        cli.main(["finetune", "trainer.max_step=3"])
+    monkeypatch.delenv("RECURLEN_DEBUG")
+
+    def buggy(words):  # a ValueError outside validation is a bug, not the user's to fix
+        return int("not a number")
+
+    monkeypatch.setitem(cli.COMMANDS, "finetune", dataclasses.replace(cli.COMMANDS["finetune"], run=buggy))
+    with pytest.raises(ValueError, match="invalid literal"):
+        cli.main(["finetune"])
+
+
+def test_user_input_marks_validation_errors_as_the_users():
+    with pytest.raises(UserError, match="bad"), user_input():
+        raise ValueError("bad")
+    with pytest.raises(UserError, match="gone"), user_input():
+        raise FileNotFoundError("gone")
+    with pytest.raises(KeyError), user_input():
+        raise KeyError("a bug")
+
+
+def test_the_installed_command_prints_user_errors_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "recurlen.cli", "finetune", "optim.lrr=1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("recurlen finetune: error: unknown key 'optim.lrr'")
+    assert "Traceback" not in proc.stderr
