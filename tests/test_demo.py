@@ -66,5 +66,5 @@ def test_quick_demo_writes_every_artefact_and_reuses_finished_stages(tmp_path):
 def test_bad_demo_config_is_a_clear_error():
     with pytest.raises(ValueError, match=r"demo interventions \['bogus'\] are unknown; allowed"):
         load_demo_config(["interventions=[none,bogus]"])
-    with pytest.raises(ValueError, match="bad demo config"):
+    with pytest.raises(ValueError, match="unknown demo setting 'no_such_field'"):
         load_demo_config(["no_such_field=1"])
