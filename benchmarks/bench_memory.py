@@ -3,6 +3,7 @@
     python benchmarks/bench_memory.py                 # tiny shape, 4k vs 64k tokens, every method
     python benchmarks/bench_memory.py --quick         # tiny shape, one process per measurement
     python benchmarks/bench_memory.py --shapes tiny 130m --lengths 4096 65536 262144 --segment 4096
+    python benchmarks/bench_memory.py --arch mamba1 --shapes tiny 130m     # Mamba-1 (or --arch gla)
 
 A recurrent model evaluated in segments of `--segment` tokens, passing the state on, should need the
 same memory for 64k tokens as for 4k: only the per-token losses (4 bytes each) grow with length.
@@ -116,12 +117,36 @@ class TensorPeak:
         self.mode.__exit__(*exc)
 
 
-def run_worker(args: argparse.Namespace) -> dict:
-    from recurlen import Mamba2LM, preset
+ARCHS = ("mamba2", "mamba1", "gla")
 
+
+def arch_presets(arch: str) -> dict:
+    if arch == "mamba1":
+        from recurlen.mamba1.config import PRESETS
+    elif arch == "gla":
+        from recurlen.gla.config import PRESETS
+    else:
+        from recurlen.config import PRESETS
+    return PRESETS
+
+
+def build_model(arch: str, shape: str) -> torch.nn.Module:
+    if arch == "mamba1":
+        from recurlen.mamba1 import Mamba1LM as LM
+        from recurlen.mamba1 import preset
+    elif arch == "gla":
+        from recurlen.gla import GLALM as LM
+        from recurlen.gla import preset
+    else:
+        from recurlen import Mamba2LM as LM
+        from recurlen import preset
+    return LM(preset(shape), backend="torch")
+
+
+def run_worker(args: argparse.Namespace) -> dict:
     _common.set_threads(args.threads)
     torch.manual_seed(0)
-    model = Mamba2LM(preset(args.shape), backend="torch").eval()
+    model = build_model(args.arch, args.shape).eval()
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, args.tokens + 1), generator=torch.Generator().manual_seed(1))
     nll = torch.empty(args.tokens)
@@ -164,7 +189,8 @@ def run_worker(args: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------------------- driver side
 def measure(shape: str, tokens: int, method: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--shape", shape, "--tokens", str(tokens),
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--arch", args.arch, "--shape", shape,
+           "--tokens", str(tokens),
            "--segment", str(args.segment), "--logits-rows", str(args.logits_rows), "--method", method]
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
@@ -177,7 +203,7 @@ def measure(shape: str, tokens: int, method: str, args: argparse.Namespace) -> d
 
 def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, float]:
     mib = 2.0**20
-    print(f"\n== {shape}: batch 1, segments of {args.segment} tokens")
+    print(f"\n== {args.arch} {shape}: batch 1, segments of {args.segment} tokens")
     print(f"{'tokens':>8} {'segments':>8} {'method':>9} {'peak MiB':>9} {'runs (MiB)':>22} {'x first':>8} "
           f"{'run s':>6} {'tok/s':>7} {'mean nll':>9}")
     first: dict[str, float] = {}
@@ -206,6 +232,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one process per measurement (default 3 for rss)")
+    parser.add_argument("--arch", choices=ARCHS, default="mamba2", help="architecture (default: mamba2)")
     parser.add_argument("--shapes", nargs="+", default=["tiny"], help="model presets (default: tiny; add 130m)")
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 65536],
                         help="total tokens per run; ratios are against the first (default: 4096 65536)")
@@ -227,11 +254,10 @@ def main() -> None:
         print(json.dumps(run_worker(args)))
         return
 
-    from recurlen.config import PRESETS
-
-    unknown = sorted(set(args.shapes) - set(PRESETS))
+    presets = arch_presets(args.arch)
+    unknown = sorted(set(args.shapes) - set(presets))
     if unknown:
-        parser.error(f"unknown shapes {unknown}; allowed: {sorted(PRESETS)}")
+        parser.error(f"unknown {args.arch} shapes {unknown}; allowed: {sorted(presets)}")
     args.repeats = args.repeats or (1 if args.quick else 3)
     threads = _common.set_threads(args.threads)
     _common.print_environment("peak memory of a segmented forward with the state carried (no grad)", threads)

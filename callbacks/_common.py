@@ -55,7 +55,7 @@ def resolve_model(pl_module: pl.LightningModule) -> torch.nn.Module:
     model = getattr(pl_module, "model", None)
     if model is None:
         raise ValueError(f"{type(pl_module).__name__} has no .model; recurlen's diagnostics evaluate "
-                         "pl_module.model (a recurlen.Mamba2LM)")
+                         "pl_module.model (a recurlen recurrent LM, see recurlen.arch)")
     require_state_api(model)
     return model
 

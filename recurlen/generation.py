@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from recurlen.model import Mamba2LM
-from recurlen.state import RecurrentState
+from recurlen.arch import RecurrentLM
+from recurlen.layered_state import LayeredState
 
 
 @torch.no_grad()
-def prefill(model: Mamba2LM, prompt_ids_BL: torch.Tensor, *, state: RecurrentState | None = None,
-            chunk_len: int = 4096) -> tuple[torch.Tensor, RecurrentState]:
+def prefill(model: RecurrentLM, prompt_ids_BL: torch.Tensor, *, state: LayeredState | None = None,
+            chunk_len: int = 4096) -> tuple[torch.Tensor, LayeredState]:
     """Run a prompt of any length in chunks; returns the last position's logits and the state."""
     logits = None
     for start in range(0, prompt_ids_BL.shape[1], chunk_len):
@@ -22,8 +22,8 @@ def prefill(model: Mamba2LM, prompt_ids_BL: torch.Tensor, *, state: RecurrentSta
 
 
 @torch.no_grad()
-def greedy_generate(model: Mamba2LM, prompt_ids_BL: torch.Tensor, *, max_new_tokens: int,
-                    state: RecurrentState | None = None, chunk_len: int = 4096,
+def greedy_generate(model: RecurrentLM, prompt_ids_BL: torch.Tensor, *, max_new_tokens: int,
+                    state: LayeredState | None = None, chunk_len: int = 4096,
                     stop_ids: set[int] | None = None) -> torch.Tensor:
     """Greedy continuation (batch, max_new_tokens); rows that hit a stop id keep emitting it."""
     if max_new_tokens < 1:

@@ -8,20 +8,30 @@ Shape legend (used in names across recurlen):
 arbitrarily many tokens and is the quantity the paper's diagnostics look at.
 `conv_KBCW` holds the last W *inputs* of the depthwise causal conv of every layer
 (the conv is the only other thing that remembers the past), in the model's dtype.
+
+The lane operations (reset, detach, index / cat lanes, to, state_dict, norms) are LayeredState's,
+shared by every architecture's state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from recurlen.layered_state import LayeredState
+
 
 @dataclass
-class RecurrentState:
+class RecurrentState(LayeredState):
     ssm: torch.Tensor  # (K, B, H, P, N) float32
     conv: torch.Tensor  # (K, B, C, W)
+
+    RECURRENT: ClassVar[tuple[str, ...]] = ("ssm",)
+    WINDOW: ClassVar[tuple[str, ...]] = ("conv",)
+    GROUP_DIMS: ClassVar[dict[str, int]] = {"ssm": 1}  # fitted noise per (layer, head)
 
     def __post_init__(self) -> None:
         if self.ssm.dim() != 5:
@@ -60,67 +70,14 @@ class RecurrentState:
                      conv_per_layer: Sequence[torch.Tensor]) -> RecurrentState:
         return cls(torch.stack(list(ssm_per_layer)), torch.stack(list(conv_per_layer)))
 
-    @classmethod
-    def cat(cls, states: Sequence[RecurrentState]) -> RecurrentState:
-        """Concatenate along the batch (lane) dimension, e.g. to gather lanes of several ranks."""
-        if not states:
-            raise ValueError("RecurrentState.cat needs at least one state")
-        return cls(torch.cat([s.ssm for s in states], dim=1), torch.cat([s.conv for s in states], dim=1))
-
-    # ------------------------------------------------------------------ shape
-    @property
-    def n_layer(self) -> int:
-        return self.ssm.shape[0]
-
-    @property
-    def batch_size(self) -> int:
-        return self.ssm.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.ssm.device
-
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.ssm[i], self.conv[i]
 
-    # ------------------------------------------------------------------ transforms
-    def detach(self) -> RecurrentState:
-        """Cut the graph: what truncated BPTT / state passing do between steps."""
-        return RecurrentState(self.ssm.detach(), self.conv.detach())
-
-    def clone(self) -> RecurrentState:
-        return RecurrentState(self.ssm.clone(), self.conv.clone())
-
-    def to(self, device: torch.device | str | None = None, *, conv_dtype: torch.dtype | None = None) -> RecurrentState:
-        return RecurrentState(self.ssm.to(device=device), self.conv.to(device=device, dtype=conv_dtype))
-
-    def __getitem__(self, rows) -> RecurrentState:
-        """Select batch rows (an int, slice, index tensor or boolean mask over lanes)."""
-        if isinstance(rows, int):
-            rows = slice(rows, rows + 1)
-        return RecurrentState(self.ssm[:, rows], self.conv[:, rows])
-
-    def where(self, keep_B: torch.Tensor, other: RecurrentState) -> RecurrentState:
-        """Per lane: keep this state where keep_B is True, else take `other` (out of place, autograd-safe)."""
-        keep_B = keep_B.to(device=self.device, dtype=torch.bool)
-        if keep_B.shape != (self.batch_size,):
-            raise ValueError(f"mask must have shape ({self.batch_size},); got {tuple(keep_B.shape)}")
-        ssm = torch.where(keep_B.view(1, -1, 1, 1, 1), self.ssm, other.ssm.to(self.ssm.dtype))
-        conv = torch.where(keep_B.view(1, -1, 1, 1), self.conv, other.conv.to(self.conv.dtype))
-        return RecurrentState(ssm, conv)
-
-    def reset(self, reset_B: torch.Tensor) -> RecurrentState:
-        """Zero the lanes where reset_B is True (out of place)."""
-        return self.where(~reset_B.to(device=self.device, dtype=torch.bool), self.zeros_like())
-
-    def zeros_like(self) -> RecurrentState:
-        return RecurrentState(torch.zeros_like(self.ssm), torch.zeros_like(self.conv))
-
     def with_ssm_only(self) -> RecurrentState:
         """The SSM state with the conv window zeroed: what the paper's pseudocode passes."""
-        return RecurrentState(self.ssm, torch.zeros_like(self.conv))
+        return self.recurrent_only()
 
-    # ------------------------------------------------------------------ checks / io
+    # ------------------------------------------------------------------ checks
     def check_compatible(self, *, n_layer: int, batch: int, nheads: int, headdim: int, d_state: int,
                          conv_dim: int, d_conv: int, device: torch.device) -> None:
         want_ssm = (n_layer, batch, nheads, headdim, d_state)
@@ -142,22 +99,3 @@ class RecurrentState:
             raise ValueError(f"state.conv must be a floating-point tensor; got {self.conv.dtype}")
         if self.ssm.device.type != device.type or self.conv.device.type != device.type:
             raise ValueError(f"state is on {self.ssm.device}/{self.conv.device} but the model is on {device}")
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"ssm": self.ssm.detach().cpu(), "conv": self.conv.detach().cpu()}
-
-    @classmethod
-    def from_state_dict(cls, d: dict[str, torch.Tensor]) -> RecurrentState:
-        missing = {"ssm", "conv"} - set(d)
-        if missing:
-            raise ValueError(f"a saved RecurrentState needs keys 'ssm' and 'conv'; missing {sorted(missing)}")
-        return cls(d["ssm"].float(), d["conv"])
-
-    def norms(self) -> dict[str, torch.Tensor]:
-        """Per-layer RMS over everything but the layer dim: cheap summaries for logging."""
-        ssm = self.ssm.detach().float()
-        conv = self.conv.detach().float()
-        return {
-            "ssm_rms_K": ssm.pow(2).mean(dim=(1, 2, 3, 4)).sqrt(),
-            "conv_rms_K": conv.pow(2).mean(dim=(1, 2, 3)).sqrt(),
-        }

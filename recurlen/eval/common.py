@@ -17,7 +17,7 @@ def require_state_api(model: object) -> None:
     if missing or not isinstance(model, nn.Module):
         raise ValueError(
             f"model of type {type(model).__name__} has no recurrent-state API (missing {missing or ['nn.Module']}); "
-            f"recurlen's evaluations need a recurlen.Mamba2LM-like module with {list(STATE_API)}"
+            f"recurlen's evaluations need a recurrent LM (recurlen.arch.RecurrentLM) with {list(STATE_API)}"
         )
 
 

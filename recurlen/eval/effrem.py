@@ -30,7 +30,7 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from recurlen.eval.common import autocast, eval_mode, model_device, require_state_api, select_sequences
-from recurlen.state import RecurrentState
+from recurlen.layered_state import LayeredState
 
 
 def default_t_grid(context_len: int, num_points: int = 17) -> list[int]:
@@ -94,12 +94,12 @@ def effrem_batch(model: nn.Module, ids_BT: torch.Tensor, t_grid: Sequence[int], 
     starts = sorted(set(grid) | {0})
     bounds = [*starts, context_len]
     device = ids_BT.device
-    state: RecurrentState | None = None
+    state: LayeredState | None = None
     last_hidden_RD = None
     for k, (seg_start, seg_end) in enumerate(zip(bounds[:-1], bounds[1:])):
         # Rows are start-major (row = g * B + b), so the suffix that joins here is appended at the end.
         fresh = model.zero_state(batch)
-        state = fresh if state is None else RecurrentState.cat([state, fresh])
+        state = fresh if state is None else type(fresh).cat([state, fresh])
         rows = (k + 1) * batch
         for c0 in range(seg_start, seg_end, chunk_len):
             c1 = min(c0 + chunk_len, seg_end)
@@ -111,7 +111,7 @@ def effrem_batch(model: nn.Module, ids_BT: torch.Tensor, t_grid: Sequence[int], 
                                                                state[r0:r0 + max_batch_rows])
                 hiddens.append(hidden_RLD[:, -1])
                 states.append(state_r)
-            state = states[0] if len(states) == 1 else RecurrentState.cat(states)
+            state = states[0] if len(states) == 1 else type(states[0]).cat(states)
             last_hidden_RD = torch.cat(hiddens)
             if on_tokens is not None:
                 on_tokens(rows * (c1 - c0))

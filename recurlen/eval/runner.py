@@ -78,7 +78,7 @@ class EvalConfig:
     device: str = "auto"
     """"auto" (CUDA if available), "cpu", "cuda", "cuda:1", ..."""
     backend: str = "auto"
-    """Model backend: auto / torch / kernel (see Mamba2LM)."""
+    """Model backend: auto / torch / kernel (see recurlen.arch)."""
     bf16: bool = False
     """bf16 autocast on CUDA (ignored on CPU); the NLL and the TV are always computed in float32+."""
     progress: bool = True

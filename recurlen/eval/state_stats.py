@@ -1,8 +1,10 @@
 """Statistics of the recurrent state as a function of position (the paper's state-norm diagnostic).
 
 Per layer and per sequence: the Frobenius norm and the standard deviation (over all entries) of
-the SSM state h (H, P, N) and of the conv window (C, W), after s tokens have been read. Curves
-are sums over sequences plus a count, so that ranks can add them up before taking the mean.
+the recurrent state (Mamba-2's SSM state h (H, P, N), Mamba-1's (D, N), GLA's key-value state
+(H, Dk, Dv): the state type's RECURRENT parts, reported under the names "ssm_*") and of the conv
+windows (its WINDOW parts, "conv_*"; zero for a model without one), after s tokens have been read.
+Curves are sums over sequences plus a count, so that ranks can add them up before taking the mean.
 
 Legend: K layers, B batch rows, S sample positions, F statistics (STATE_STATS order).
 """
@@ -14,20 +16,26 @@ from dataclasses import dataclass
 
 import torch
 
-from recurlen.state import RecurrentState
+from recurlen.layered_state import LayeredState
 
 STATE_STATS = ("ssm_norm", "ssm_std", "conv_norm", "conv_std")
 
 
-def state_statistics(state: RecurrentState) -> torch.Tensor:
-    """(F, K, B) float64: norm / std of the SSM state and of the conv window, per layer and row."""
+def _norm_std(parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     # float64: norms of long-run states are summed over sequences and ranks before averaging.
-    ssm_KBX = state.ssm.detach().to(torch.float64).flatten(2)
-    conv_KBX = state.conv.detach().to(torch.float64).flatten(2)
-    return torch.stack([
-        ssm_KBX.norm(dim=-1), ssm_KBX.std(dim=-1, correction=0),
-        conv_KBX.norm(dim=-1), conv_KBX.std(dim=-1, correction=0),
-    ])
+    x_KBX = torch.cat([t.detach().to(torch.float64).flatten(2) for t in parts], dim=-1)
+    if x_KBX.shape[-1] == 0:  # no conv window (e.g. GLA without short convs)
+        zeros = x_KBX.new_zeros(x_KBX.shape[:2])
+        return zeros, zeros
+    return x_KBX.norm(dim=-1), x_KBX.std(dim=-1, correction=0)
+
+
+def state_statistics(state: LayeredState) -> torch.Tensor:
+    """(F, K, B) float64: norm / std of the recurrent state and of the conv windows, per layer and row."""
+    ssm_norm, ssm_std = _norm_std([getattr(state, n) for n in state.RECURRENT])
+    conv_norm, conv_std = _norm_std([getattr(state, n) for n in state.WINDOW] or
+                                    [state._first.new_zeros(state.n_layer, state.batch_size, 0)])
+    return torch.stack([ssm_norm, ssm_std, conv_norm, conv_std])
 
 
 @dataclass

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from recurlen.arch import RecurrentLM
 from recurlen.files import write_text
-from recurlen.model import Mamba2LM
 from recurlen.tasks.common import TaskExample, greedy_answers, length_label
 from recurlen.tasks.config import BABILONG_TASKS, BabilongConfig
 from recurlen.tokenizer import Tokenizer
@@ -235,7 +235,7 @@ def training_example_fn(cfg: BabilongConfig, tokenizer: Tokenizer, *, seq_len: i
 
 
 # ------------------------------------------------------------------ evaluation
-def evaluate_babilong(model: Mamba2LM, tokenizer: Tokenizer, cells: dict[tuple[str, int], list[dict]], *,
+def evaluate_babilong(model: RecurrentLM, tokenizer: Tokenizer, cells: dict[tuple[str, int], list[dict]], *,
                       batch_size: int, chunk_len: int, max_new_tokens: int, progress: bool = True) -> dict:
     """Accuracy per (task, length) with the release's metric; `cells` maps (task, length) to records."""
     results = []

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from recurlen.arch import RecurrentLM
 from recurlen.eval.common import model_device
 from recurlen.generation import greedy_generate
-from recurlen.model import Mamba2LM
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def rows_from_examples(examples: Sequence[TaskExample], *, seq_len: int, pad_id:
 
 
 @torch.no_grad()
-def greedy_answers(model: Mamba2LM, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_id: int | None,
+def greedy_answers(model: RecurrentLM, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_id: int | None,
                    batch_size: int, chunk_len: int, desc: str | None = None) -> list[list[int]]:
     """Greedy continuations of every prompt, with the recurrent state (constant memory in the prompt length).
 

@@ -16,7 +16,7 @@ import string
 
 import numpy as np
 
-from recurlen.model import Mamba2LM
+from recurlen.arch import RecurrentLM
 from recurlen.tasks.common import TaskExample, greedy_answers
 from recurlen.tasks.config import CopyingConfig
 from recurlen.tokenizer import Tokenizer
@@ -62,7 +62,7 @@ def char_accuracy(output: list[int], target: list[int]) -> float:
     return sum(1 for o, t in zip(output, target) if o == t) / len(target)
 
 
-def evaluate_copying(model: Mamba2LM, fmt: CopyingFormat, *, lengths: list[int], trials: int, seed: int,
+def evaluate_copying(model: RecurrentLM, fmt: CopyingFormat, *, lengths: list[int], trials: int, seed: int,
                      batch_size: int, chunk_len: int, progress: bool = True) -> dict:
     """Character accuracy and exact-match rate per string length (the same strings for every model)."""
     char_acc, exact = {}, {}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recurlen.model import Mamba2LM
+from recurlen.arch import RecurrentLM
 from recurlen.tasks.common import TaskExample, greedy_answers
 from recurlen.tokenizer import Tokenizer
 
@@ -126,7 +126,7 @@ def score_passkey(text: str, key: str) -> float:
         return 0.0
 
 
-def evaluate_passkey(model: Mamba2LM, tokenizer: Tokenizer, *, lengths: list[int], depths: list[float], trials: int,
+def evaluate_passkey(model: RecurrentLM, tokenizer: Tokenizer, *, lengths: list[int], depths: list[float], trials: int,
                      seed: int, batch_size: int, chunk_len: int, key_digits: int = 5,
                      max_new_tokens: int | None = None, progress: bool = True) -> dict:
     """Accuracy per (depth, length) cell over `trials` random keys; examples of the first answers are kept."""
