@@ -48,6 +48,8 @@ def greedy_generate(model: RecurrentLM, prompt_ids_BL: torch.Tensor, *, max_new_
 class GenerateConfig:
     model: str = "tiny"
     """A preset, randomly initialised (a smoke check); ignored with --checkpoint."""
+    architecture: str = "mamba2"
+    """The preset's architecture: mamba2, mamba1 or gla."""
     tokenizer: str | None = None
     """Tokenizer spec; None: the checkpoint's, else bytes."""
     prompt: str = "def main("
@@ -56,17 +58,19 @@ class GenerateConfig:
     """Tokens generated greedily."""
 
     def __post_init__(self) -> None:
-        from recurlen.config import PRESETS
+        from recurlen import arch
 
-        if self.model not in PRESETS:
-            raise ValueError(f"model={self.model!r} is unknown; allowed: {sorted(PRESETS)}")
+        presets = arch.get(self.architecture).presets
+        if self.model not in presets:
+            raise ValueError(f"model={self.model!r} is unknown for architecture={self.architecture}; allowed: "
+                             f"{sorted(presets)}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1; got {self.max_new_tokens}")
 
 
 def generate_text(cfg: GenerateConfig, *, checkpoint: str | None = None) -> tuple[str, str]:
     """(the prompt and its greedy continuation, a one-line summary of what ran)."""
-    from recurlen.config import preset
+    from recurlen import arch
     from recurlen.tokenizer import load_tokenizer
 
     if checkpoint:
@@ -76,7 +80,8 @@ def generate_text(cfg: GenerateConfig, *, checkpoint: str | None = None) -> tupl
         model, tok_spec = loaded.model, cfg.tokenizer or loaded.tokenizer or "bytes"
     else:
         torch.manual_seed(0)
-        model, tok_spec = Mamba2LM(preset(cfg.model)), cfg.tokenizer or "bytes"
+        a = arch.get(cfg.architecture)
+        model, tok_spec = a.build(a.preset(cfg.model)), cfg.tokenizer or "bytes"
     tok = load_tokenizer(tok_spec)
     ids = torch.tensor([tok.encode(cfg.prompt)])
     out = greedy_generate(model.eval(), ids, max_new_tokens=cfg.max_new_tokens, stop_ids={tok.eos_id})
