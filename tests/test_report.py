@@ -66,10 +66,14 @@ def test_task_results_are_read_next_to_evaluations(tmp_path):
     passkey = {"format": "recurlen.tasks.passkey/1", "task": "passkey", "model": "runs/passkey/tiny-fitted_noise",
                "train_len": 256, "trials": 4, "lengths": [256, 1024], "depths": [0.1, 0.9],
                "accuracy": [[1.0, 0.25], [0.75, 0.5]], "mean_accuracy_by_length": {"256": 0.875, "1024": 0.375}}
-    copying = {"format": "recurlen.tasks.copying/1", "task": "copying", "model": "runs/copying/tiny",
-               "train_length": 8, "headline_length": 24, "chance": 1 / 26, "lengths": [8, 24],
+    single = {"char_acc": {"mean": {"8": 1.0, "24": 0.0917}, "std": {"8": 0.0, "24": 0.055}},
+              "greedy_char_acc": {"mean": {"8": 0.98, "24": 0.05}, "std": {"8": 0.01, "24": 0.02}}}
+    stream = {"char_acc": {"mean": 0.31, "std": 0.04}, "greedy_char_acc": {"mean": 0.2, "std": 0.03}}
+    copying = {"format": "recurlen.tasks.copying/2", "task": "copying", "model": "runs/copying/tiny",
+               "train_length": 8, "train_seq_len": 18, "headline_length": 24, "chance": 1 / 26, "lengths": [8, 24],
+               "readings": {"single": "one example", "stream": "zero-state sequences of >= 4 x T = 72 tokens"},
                "runs": [{"intervention": "none", "seed": 0}],  # a task result, despite its 'runs' key
-               "summary": {"none": {"mean": {"8": 1.0, "24": 0.0917}, "std": {"8": 0.0, "24": 0.055}}}}
+               "summary": {"none": {"single": single, "stream": stream}}}
     for name, data in (("pk", passkey), ("cp", copying)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps(data))
@@ -78,7 +82,9 @@ def test_task_results_are_read_next_to_evaluations(tmp_path):
     text = write_report([tmp_path / "pk", tmp_path / "cp"], out_dir=tmp_path / "out").read_text()
     assert "| tiny-fitted_noise (256) | 0.88 | 0.38 |" in text  # mean over depths, by length
     assert "| 0.9 | 0.75 | 0.50 |" in text  # the depth x length grid
-    assert "| none | 1.000 +- 0.000 | 0.092 +- 0.055 |" in text
+    assert "| none char_acc | 1.000 +- 0.000 | 0.092 +- 0.055 |" in text
+    assert "| none greedy_char_acc | 0.980 +- 0.010 | 0.050 +- 0.020 |" in text
+    assert "| none | 0.310 +- 0.040 | 0.200 +- 0.030 |" in text  # the stream reading, both metrics
     assert "## Verdicts" not in text  # no evaluation runs were given
     # The merged results.json carries the tasks: a report of reports keeps them.
     again = write_report([tmp_path / "out"], out_dir=tmp_path / "again").read_text()

@@ -35,6 +35,9 @@ class TaskExample:
     """prompt + answer (+ EOS)."""
     answer_start: int
     """Index in ids of the first answer token: the model is asked to produce ids[answer_start:]."""
+    scored: tuple[bool, ...] | None = None
+    """Per target (ids[t + 1], predicted at position t), whether the loss scores it; None scores the answer
+    from answer_start on (or every token with loss_on='all'). For rows that pack several examples."""
 
 
 def rows_from_examples(examples: Sequence[TaskExample], *, seq_len: int, pad_id: int,
@@ -47,6 +50,11 @@ def rows_from_examples(examples: Sequence[TaskExample], *, seq_len: int, pad_id:
         if n > seq_len + 1:
             raise ValueError(f"a task example has {n} tokens but training rows hold data.seq_len + 1 = {seq_len + 1}")
         rows[b, :n] = ex.ids
+        if ex.scored is not None:
+            if len(ex.scored) != n - 1:
+                raise ValueError(f"a task example has {n} tokens but {len(ex.scored)} scored flags; need {n - 1}")
+            mask[b, :n - 1] = ex.scored
+            continue
         # Target t is token t + 1: the answer's first token is predicted at position answer_start - 1.
         start = 0 if loss_on == "all" else ex.answer_start - 1
         mask[b, start:n - 1] = True

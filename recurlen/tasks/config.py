@@ -105,14 +105,28 @@ class CopyingConfig:
     """Shortest training string."""
     alphabet_size: int = 26
     """Symbols are the first alphabet_size lowercase letters (one token each)."""
+    start: str = "$"
+    """The marker before the string (the reference's `$`)."""
     separator: str = "|"
     """The symbol between the string and its copy."""
+    end: str = "."
+    """The marker after the copy (the reference's `.`); greedy decoding stops there."""
+    pad: str = "*"
+    """Fills a training row after its last example (never scored)."""
+    packed: bool = False
+    """False: one example per training row, `*`-padded. True: examples back to back from the row's start
+    (the reference packs rows this way); an example cut by the row's end is not scored."""
+    stream_factor: int = 4
+    """`stream` reading: zero-state sequences of stream_factor x data.seq_len tokens made of training-format
+    examples; scored on the examples that start at or after (stream_factor - 1) x data.seq_len."""
+    stream_trials: int | None = None
+    """Streams evaluated per model; None = task.trials."""
     interventions: list[str] = field(default_factory=lambda: ["none", "state_passing"])
     """Interventions compared (each trained from scratch once per seed)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Seeds of the model initialisation and the training examples."""
     headline_factor: int = 3
-    """The summary reports character accuracy at the evaluated length nearest to headline_factor * n
+    """The `single` reading's summary uses the evaluated string length nearest to headline_factor * n
     from above (the paper: > 3x the training length)."""
     parallel: int = 1
     """Runs trained at once, each in its own process with trainer.num_threads / parallel threads (small
@@ -125,9 +139,16 @@ class CopyingConfig:
             raise ValueError(f"task.copying.min_length={self.min_length} exceeds length={self.length}")
         if not 2 <= self.alphabet_size <= 26:
             raise ValueError(f"task.copying.alphabet_size={self.alphabet_size} is not allowed; need 2..26")
-        if len(self.separator) != 1 or self.separator.islower():
-            raise ValueError(f"task.copying.separator={self.separator!r} must be one character that is not a "
-                             "lowercase letter (those are the alphabet)")
+        marks = {"start": self.start, "separator": self.separator, "end": self.end, "pad": self.pad}
+        for name, mark in marks.items():
+            if not isinstance(mark, str) or len(mark) != 1 or mark.islower():
+                raise ValueError(f"task.copying.{name}={mark!r} must be one character that is not a lowercase "
+                                 "letter (those are the alphabet)")
+        if len(set(marks.values())) != len(marks):
+            raise ValueError(f"task.copying start / separator / end / pad must differ; got {marks}")
+        _positive("copying.", "stream_factor", self.stream_factor, minimum=2)
+        if self.stream_trials is not None:
+            _positive("copying.", "stream_trials", self.stream_trials)
         if not self.interventions:
             raise ValueError(f"task.copying.interventions is empty; allowed: {list(COPY_INTERVENTIONS)}")
         for name in self.interventions:

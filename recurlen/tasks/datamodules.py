@@ -1,7 +1,8 @@
 """Task DataModules: passkey / BABILong / copying examples with the corpus DataModule's batch contract.
 
 Batch (train and validation):
-    input_ids   LongTensor (B, T)   T = data.seq_len; one example per row, left-aligned, EOS-padded
+    input_ids   LongTensor (B, T)   T = data.seq_len; one example per row, left-aligned, padded (EOS, or the
+                                    task's own pad token); copying can pack several examples in a row
     targets     LongTensor (B, T)   input_ids shifted by one
     loss_mask   BoolTensor (B, T)   the scored targets: the answer (and its EOS), or every real token
     lane        LongTensor (B,)     global lane of each row
@@ -45,7 +46,8 @@ class TaskDataModule(UsesTokenizer, L.LightningDataModule):
 
     def __init__(self, make_example: ExampleFn, *, tokenizer: Tokenizer, tokenizer_spec: str, seq_len: int,
                  batch_size: int, seed: int, data_seed: int = 0, loss_on: str = "answer", val_batches: int = 4,
-                 task: str = "task", rank: int | None = None, world_size: int | None = None) -> None:
+                 task: str = "task", pad_id: int | None = None, rank: int | None = None,
+                 world_size: int | None = None) -> None:
         super().__init__()
         if loss_on not in ("answer", "all"):
             raise ValueError(f"loss_on={loss_on!r} is unknown; allowed: ['answer', 'all']")
@@ -53,6 +55,7 @@ class TaskDataModule(UsesTokenizer, L.LightningDataModule):
         self.tokenizer, self.tokenizer_spec = tokenizer, tokenizer_spec
         self.seq_len, self.batch_size, self.seed, self.data_seed = seq_len, batch_size, seed, data_seed
         self.loss_on, self.val_batches, self.task = loss_on, val_batches, task
+        self.pad_id = tokenizer.eos_id if pad_id is None else pad_id
         self.rank = 0 if rank is None else rank
         self.world_size = 1 if world_size is None else world_size
         global_lanes(self.rank, self.world_size, batch_size)  # validates rank / world_size
@@ -71,7 +74,7 @@ class TaskDataModule(UsesTokenizer, L.LightningDataModule):
     def _batch(self, stream: int, index: int, lanes: np.ndarray, *, step: int) -> dict[str, torch.Tensor]:
         examples = [self.make_example(np.random.default_rng([self.data_seed, self.seed, stream, index, int(g)]))
                     for g in lanes]
-        batch = rows_from_examples(examples, seq_len=self.seq_len, pad_id=self.eos_id, loss_on=self.loss_on)
+        batch = rows_from_examples(examples, seq_len=self.seq_len, pad_id=self.pad_id, loss_on=self.loss_on)
         batch["lane"] = torch.as_tensor(lanes, dtype=torch.long).clone()
         batch["new_stream"] = torch.ones(len(lanes), dtype=torch.bool)
         batch["step"] = torch.tensor(step, dtype=torch.long)
@@ -157,10 +160,15 @@ def build_task_datamodule(cfg: ExperimentConfig) -> TaskDataModule:
                          "examples are independent; use state_passing (or none / random_noise / fitted_noise)")
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     loss_on = cfg.task.passkey.loss_on if cfg.task.name == "passkey" else "answer"
+    pad_id = None
+    if cfg.task.name == "copying":
+        from recurlen.tasks.copying import CopyingFormat
+
+        pad_id = CopyingFormat(tokenizer, cfg.task.copying).pad_id
     return TaskDataModule(example_fn(cfg, tokenizer), tokenizer=tokenizer, tokenizer_spec=cfg.data.tokenizer,
                           seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, seed=cfg.seed,
                           data_seed=cfg.data.seed, loss_on=loss_on, val_batches=cfg.task.val_batches,
-                          task=str(cfg.task.name))
+                          task=str(cfg.task.name), pad_id=pad_id)
 
 
 __all__ = ["TaskDataModule", "build_task_datamodule", "example_fn"]

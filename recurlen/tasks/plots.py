@@ -62,22 +62,38 @@ def plot_babilong(results: dict) -> Figure:
 
 
 def plot_copying(results: dict) -> Figure:
-    """Character accuracy by string length, mean +- std over seeds, per intervention."""
+    """Left: the `single` reading by string length; right: the `stream` reading. Both metrics (teacher-forced
+    solid, greedy dashed), mean +- std over seeds, per intervention."""
     lengths, n = results["lengths"], results["train_length"]
-    fig = Figure(figsize=(6.0, 4.0))
-    ax = fig.add_subplot(1, 1, 1)
-    for name, s in results["summary"].items():
-        mean = np.array([s["mean"][str(L)] for L in lengths])
-        std = np.array([s["std"][str(L)] for L in lengths])
-        ax.errorbar(lengths, mean, yerr=std, marker="o", capsize=3, label=f"{name} ({len(s['seeds'])} seeds)")
+    fig = Figure(figsize=(10.0, 4.0))
+    ax, ax_stream = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = list(results["summary"])
+    for i, name in enumerate(names):
+        s = results["summary"][name]
+        for metric, style in (("char_acc", "-"), ("greedy_char_acc", "--")):
+            cell = s["single"][metric]
+            mean = np.array([cell["mean"][str(L)] for L in lengths])
+            std = np.array([cell["std"][str(L)] for L in lengths])
+            ax.errorbar(lengths, mean, yerr=std, marker="o", capsize=3, linestyle=style, color=f"C{i}",
+                        label=f"{name} {metric} ({len(s['seeds'])} seeds)")
+            if metric in s["stream"]:
+                x = i + (0.2 if metric == "greedy_char_acc" else -0.2)
+                ax_stream.bar(x, s["stream"][metric]["mean"], width=0.4, yerr=s["stream"][metric]["std"], capsize=3,
+                              color=f"C{i}", alpha=1.0 if metric == "char_acc" else 0.5,
+                              label=f"{name} {metric}")
     ax.axvline(n, color="k", linestyle="--", linewidth=1, label=f"trained up to n={n}")
-    if results.get("chance") is not None:
-        ax.axhline(results["chance"], color="gray", linestyle=":", linewidth=1, label="chance")
+    for a in (ax, ax_stream):
+        if results.get("chance") is not None:
+            a.axhline(results["chance"], color="gray", linestyle=":", linewidth=1, label="chance")
+        a.set_ylim(-0.02, 1.02)
+        a.set_ylabel("character accuracy")
+        a.legend(fontsize=7)
     ax.set_xlabel("string length")
-    ax.set_ylabel("character accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("synthetic copying")
-    ax.legend(fontsize=8)
+    ax.set_title("copying, reading `single`")
+    ax_stream.set_xticks(range(len(names)), names)
+    factor, t = results.get("stream_factor"), results.get("train_seq_len")
+    ax_stream.set_title(f"copying, reading `stream` (examples past {factor - 1} x T, T = {t})" if factor else
+                        "copying, reading `stream`")
     return fig
 
 

@@ -1,7 +1,7 @@
 """The long-context tasks' section of `recurlen report`: passkey, BABILong and copying results as tables.
 
 A task result is the results.json that `recurlen passkey|babilong|copying` writes (format
-recurlen.tasks.<task>/1). Several results of one task (e.g. fitted_noise vs none, or a fine-tuned run vs
+recurlen.tasks.<task>/N). Several results of one task (e.g. fitted_noise vs none, or a fine-tuned run vs
 the zero-shot checkpoint) are compared in one table; each result's own figure is copied next to the report.
 """
 
@@ -27,7 +27,7 @@ def check_task_result(data: dict, where: str) -> dict:
     if task not in TASK_ORDER:
         raise ValueError(f"{where}: task result with task={task!r}; known tasks: {list(TASK_ORDER)}")
     needed = {"passkey": ("lengths", "depths", "accuracy"), "babilong": ("lengths", "tasks", "accuracy"),
-              "copying": ("lengths", "summary")}[task]
+              "copying": ("lengths", "summary", "readings")}[task]
     missing = [k for k in needed if k not in data]
     if missing:
         raise ValueError(f"{where}: {task} result lacks {missing}; is it a complete recurlen {task} results.json?")
@@ -83,21 +83,34 @@ def _babilong_lines(results: Sequence[dict]) -> list[str]:
     return lines
 
 
+def _ms(cell: dict | None) -> str:
+    return "-" if not cell else f"{cell['mean']:.3f} +- {cell['std']:.3f}"
+
+
 def _copying_lines(results: Sequence[dict]) -> list[str]:
     lines = ["### Synthetic copying", ""]
     for r in results:
         n, headline = r.get("train_length"), r.get("headline_length")
         lines += [f"{result_label(r)}: character accuracy, mean +- std over seeds; trained on strings of up to "
-                  f"n = {n} symbols, headline at {headline} (chance {_pct(r.get('chance'))}).", ""]
-        lines += _header("intervention", [str(n_) for n_ in r["lengths"]])
+                  f"n = {n} symbols in rows of T = {r.get('train_seq_len')} tokens (chance {_pct(r.get('chance'))}). "
+                  "char_acc: teacher-forced (the reference's metric); greedy_char_acc: greedy decoding.", ""]
+        readings = r.get("readings") or {}
+        lines += [f"Reading `single`: {readings.get('single', 'one string of L symbols')}; headline L = {headline}.",
+                  ""]
+        lines += _header("intervention / metric", [str(n_) for n_ in r["lengths"]])
         for name, s in r["summary"].items():
-            mean, std = _by_length(s, "mean"), _by_length(s, "std")
-            lines.append(_row([name, *(f"{mean[k]:.3f} +- {std.get(k, 0.0):.3f}" if k in mean else "-"
-                                       for k in r["lengths"])]))
+            for metric, cell in s["single"].items():
+                mean, std = _by_length(cell, "mean"), _by_length(cell, "std")
+                lines.append(_row([f"{name} {metric}", *(f"{mean[k]:.3f} +- {std.get(k, 0.0):.3f}" if k in mean
+                                                         else "-" for k in r["lengths"])]))
+        lines += ["", f"Reading `stream`: {readings.get('stream', '')}.", ""]
+        lines += _header("intervention", ["char_acc", "greedy_char_acc"])
+        for name, s in r["summary"].items():
+            lines.append(_row([name, _ms(s["stream"].get("char_acc")), _ms(s["stream"].get("greedy_char_acc"))]))
         paper = r.get("paper") or {}
         if paper:
-            lines += ["", "Paper (Mamba-2, at 3n): " + "; ".join(f"{k} {v['mean']:.2f} +- {v['std']:.2f}"
-                                                                  for k, v in paper.items())]
+            lines += ["", "Paper (Mamba-2, > 3x the training length, character accuracy): "
+                      + "; ".join(f"{k} {v['mean']:.2f} +- {v['std']:.2f}" for k, v in paper.items())]
         lines.append("")
     return lines
 

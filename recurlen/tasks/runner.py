@@ -199,7 +199,7 @@ def _train_copying_runs(cfg: ExperimentConfig, subs: list[tuple[ExperimentConfig
 
 
 def run_copying(cfg: ExperimentConfig, resolved: dict) -> Path:
-    from recurlen.tasks.copying import CopyingFormat, evaluate_copying, headline_length, summarize
+    from recurlen.tasks.copying import CopyingFormat, evaluate_single, evaluate_stream, headline_length, summarize
     from recurlen.tasks.plots import plot_copying
 
     c, t = cfg.task.copying, cfg.task
@@ -210,21 +210,36 @@ def run_copying(cfg: ExperimentConfig, resolved: dict) -> Path:
     runs, header = [], None
     for (sub, _), source in zip(subs, sources):
         loaded, tokenizer, tok_spec, device = _load(source, cfg)
+        fmt, model = CopyingFormat(tokenizer, c), loaded.model.eval()
         log.info("copying: evaluating %s, seed %d", sub.intervention.name, sub.seed)
-        res = evaluate_copying(loaded.model.eval(), CopyingFormat(tokenizer, c), lengths=lengths, trials=t.trials,
-                               seed=t.eval_seed, batch_size=t.eval_batch_size, chunk_len=t.chunk_len)
-        runs.append({"intervention": sub.intervention.name, "seed": sub.seed, "run_dir": source, **res})
+        single = evaluate_single(model, fmt, lengths=lengths, trials=t.trials, seed=t.eval_seed,
+                                 batch_size=t.eval_batch_size, chunk_len=t.chunk_len)
+        stream = evaluate_stream(model, fmt, seq_len=cfg.data.seq_len, trials=c.stream_trials or t.trials,
+                                 seed=t.eval_seed, batch_size=t.eval_batch_size, chunk_len=t.chunk_len)
+        runs.append({"intervention": sub.intervention.name, "seed": sub.seed, "run_dir": source, "single": single,
+                     "stream": stream})
         header = header or _header(cfg, resolved, source=str(cfg.resolved_run_dir), train_len=loaded.train_seq_len,
                                    tokenizer=tok_spec, device=device)
-    summary = summarize(runs, lengths=lengths, headline=headline)
+    summary = summarize(runs, headline=headline)
     for name, s in summary.items():
-        log.info("copying at L=%d (%.1fx n=%d): %s %.3f +- %.3f over %d seeds", headline, headline / c.length,
-                 c.length, name, s["at_headline"]["mean"], s["at_headline"]["std"], len(s["seeds"]))
-    results = {**header, "intervention": list(c.interventions), "train_length": c.length, "lengths": lengths,
-               "headline_length": headline, "chance": 1.0 / c.alphabet_size, "runs": runs, "summary": summary,
+        log.info("copying %s over %d seeds: single at L=%d (%.1fx n=%d) char_acc %.3f +- %.3f; stream (past %dx T) "
+                 "char_acc %.3f +- %.3f", name, len(s["seeds"]), headline, headline / c.length, c.length,
+                 s["at_headline"]["char_acc"]["mean"], s["at_headline"]["char_acc"]["std"], c.stream_factor - 1,
+                 s["stream"]["char_acc"]["mean"], s["stream"]["char_acc"]["std"])
+    results = {**header, "format": "recurlen.tasks.copying/2", "intervention": list(c.interventions),
+               "train_length": c.length, "train_seq_len": cfg.data.seq_len, "packed": c.packed, "lengths": lengths,
+               "headline_length": headline, "stream_factor": c.stream_factor, "chance": 1.0 / c.alphabet_size,
+               "readings": {"single": f"one example whose string has L symbols (L = {lengths})",
+                            "stream": f"zero-state sequences of >= {c.stream_factor} x T = "
+                                      f"{c.stream_factor * cfg.data.seq_len} tokens of training-format examples, "
+                                      f"scored on the examples starting at or after "
+                                      f"{(c.stream_factor - 1) * cfg.data.seq_len}"},
+               "metrics": {"char_acc": "teacher-forced character accuracy over the copy (the reference's char_acc)",
+                           "greedy_char_acc": "character accuracy of the greedily decoded copy"},
+               "runs": runs, "summary": summary,
                "paper": {"none": {"mean": 0.27, "std": 0.03}, "state_passing": {"mean": 0.47, "std": 0.11}}}
-    scalars = {f"copying/char_accuracy/{name}": [(int(L), m) for L, m in s["mean"].items()]
-               for name, s in summary.items()}
+    scalars = {f"copying/single/{m}/{name}": [(int(L), v) for L, v in s["single"][m]["mean"].items()]
+               for name, s in summary.items() for m in ("char_acc", "greedy_char_acc")}
     return _finish(task_output_dir(cfg), results, plot_copying(results), scalars)
 
 
