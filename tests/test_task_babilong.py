@@ -200,3 +200,67 @@ def test_tiny_babilong_run_writes_results_and_the_records(tmp_path, run_tiny_tas
     # the evaluated records were written in the release's format and read back by the loader
     again = load_babilong(str(path.parent / "data"), task="qa2", length="300")
     assert len(again) == 2 and [r["target"] for r in again] == [e["target"] for e in res["cells"][5]["examples"]]
+
+
+def test_few_shot_prompt_is_the_release_format_and_fits_lengths_exactly():
+    from recurlen.tasks.babilong import training_example_fn
+    from recurlen.tasks.babilong_prompts import prompt_template
+    from recurlen.tasks.config import BabilongConfig
+
+    tpl = prompt_template("qa1", "few_shot")
+    text = tpl.format(input="CTX", question="Where is Mary?")
+    assert text.startswith("I will give you context with the facts about positions of different persons")
+    assert "Answer: The most recent location of Charlie is balcony.\n</example>\n\n<example>\nAlan moved" in text
+    # instruction, examples and post-prompt joined by single newlines, the post-prompt's trailing space kept
+    assert "use the latest location to answer the question.\n<example>" in text
+    assert text.endswith("Do not write anything else after that. \n<context>\nCTX\n</context>\n"
+                         "Question: Where is Mary?\nAnswer:")
+    assert prompt_template("qa1", "plain") == PROMPT
+    tok = ByteTokenizer()
+    hay = Haystack(tok, "filler", min_tokens=4096)
+    for task in ("qa1", "qa2", "qa3"):
+        recs = generate_records(tok, task=task, length=2048, num=3, seed=0, num_facts=4, haystack=hay,
+                                prompt="few_shot")
+        assert all(len(tok.encode(prompt_text(r, prompt_template(task, "few_shot")))) == 2048 for r in recs)
+    make = training_example_fn(BabilongConfig(num_facts=3, haystack="filler", prompt="few_shot"), tok, seq_len=1600)
+    ex = make(np.random.default_rng(0))
+    prompt = tok.decode(ex.ids[:ex.answer_start])
+    assert len(ex.ids) == 1601 and "<example>" in prompt and prompt.endswith("\nAnswer:")
+    with pytest.raises(ValueError, match=r"too short for BABILong fine-tuning with 3 facts and the few_shot prompt"):
+        training_example_fn(BabilongConfig(num_facts=3, prompt="few_shot"), tok, seq_len=400)
+    with pytest.raises(ValueError, match=r"prompt=few_shot has examples for \['qa1', 'qa2', 'qa3', 'qa4', 'qa5'\]"):
+        BabilongConfig(source="hf:x", train_source="hf:x", tasks=["qa1", "qa6"], prompt="few_shot")
+    with pytest.raises(ValueError, match=r"task.babilong.prompt='chat' is unknown; allowed: \['plain', 'few_shot'\]"):
+        BabilongConfig(prompt="chat")
+
+
+@pytest.mark.slow
+def test_babilong_fine_tunes_a_corpus_post_trained_run(tmp_path, run_tiny_task):
+    """The paper's flow for SP / TBTT: corpus post-training with the intervention, then the task fine-tune."""
+    import torch
+
+    from recurlen.experiment.compose import load_experiment
+    from recurlen.train import run_finetune
+
+    with pytest.raises(ValueError, match=r"follow the paper: post-train on the corpus with tbptt"):
+        run_tiny_task("babilong", "intervention=tbptt")
+    post = tmp_path / "post"
+    cfg, resolved = load_experiment([
+        "model=nano", "intervention=tbptt", "data.seq_len=32", "data.batch_size=2", "data.max_documents=40", "data.val_fraction=0.2",
+        f"data.cache_dir={tmp_path}/cache", "data.val_sequences=0", "data.val_segments=2", "trainer.max_steps=2",
+        "trainer.progress_bar=false", "trainer.limit_val_batches=1", "diagnostics.positionwise=false",
+        "diagnostics.state_norm=false", f"run_dir={post}"])
+    run_finetune(cfg, resolved)
+    path = run_tiny_task("babilong", f"model.pretrained={post}", "intervention=none", "data.seq_len=224",
+                         "data.batch_size=2", "trainer.max_steps=2", "trainer.val_every_n_steps=2",
+                         "task.lengths=[224]", "task.trials=2", "task.babilong.num_facts=3",
+                         "task.babilong.haystack=filler", "task.babilong.tasks=[qa1]")
+    res = json.loads(path.read_text())
+    assert res["starting_model"] == {"path": str(post), "intervention": "tbptt", "train_seq_len": 32}
+    assert res["intervention"] == "none" and res["prompt"] == "plain"
+    # the task fine-tune started from the post-trained weights, not from a fresh model
+    start = torch.load(post / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    tuned = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert start.keys() == tuned.keys()
+    drift = max((start[k] - tuned[k]).abs().max().item() for k in start)
+    assert 0 < drift < 0.05

@@ -34,6 +34,7 @@ import numpy as np
 
 from recurlen.arch import RecurrentLM
 from recurlen.files import write_text
+from recurlen.tasks.babilong_prompts import PLAIN, prompt_template
 from recurlen.tasks.common import TaskExample, greedy_answers, length_label
 from recurlen.tasks.config import BABILONG_TASKS, BabilongConfig
 from recurlen.tokenizer import Tokenizer
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FIELDS = ("input", "question", "target")
-PROMPT = "<context>\n{input}\n</context>\n\nQuestion: {question}\nAnswer:"
+PROMPT = PLAIN
 ANSWER = " {target}"
 # The label sets of the BABILong release (babilong/metrics.py; the lm-evaluation-harness copy lists all 20).
 TASK_LABELS: dict[str, tuple[str, ...]] = {
@@ -173,16 +174,18 @@ def write_babilong_dir(root: str | Path, records: dict[tuple[str, str], list[dic
 
 
 # ------------------------------------------------------------------ prompts and examples
-def prompt_text(record: dict) -> str:
-    return PROMPT.format(input=record["input"], question=record["question"])
+def prompt_text(record: dict, template: str = PROMPT) -> str:
+    return template.format(input=record["input"], question=record["question"])
 
 
 def generate_records(tokenizer: Tokenizer, *, task: str, length: int, num: int, seed: int, num_facts: int,
-                     haystack: Haystack) -> list[dict]:
-    """`num` generated records whose prompts are `length` tokens (0: the facts alone, as in '0k')."""
+                     haystack: Haystack, prompt: str = "plain") -> list[dict]:
+    """`num` generated records whose prompts (in style `prompt`) are `length` tokens (0: the facts alone, as in
+    '0k': the prompt is then the facts and the prompt's own text)."""
     from recurlen.tasks.babilong_gen import hide_facts, make_story, worst_case_tokens
 
-    need = worst_case_tokens(tokenizer, PROMPT, num_facts=num_facts)
+    template = prompt_template(task, prompt)
+    need = worst_case_tokens(tokenizer, template, num_facts=num_facts)
     if length and length < need:
         raise ValueError(f"BABILong length {length} is too short: a prompt with {num_facts} facts can take {need} "
                          f"tokens with this tokenizer; use lengths >= {need} (or 0 for the facts alone)")
@@ -190,7 +193,7 @@ def generate_records(tokenizer: Tokenizer, *, task: str, length: int, num: int, 
     records = []
     for _ in range(num):
         story = make_story(rng, task, num_facts=num_facts)
-        shell = len(tokenizer.encode(PROMPT.format(input="", question=story.question)))
+        shell = len(tokenizer.encode(template.format(input="", question=story.question)))
         n_ctx = 0 if length == 0 else length - shell
         ctx = hide_facts(rng, story.facts, n_tokens=n_ctx, haystack=haystack)
         records.append({"input": tokenizer.decode(ctx), "question": story.question, "target": story.answer})
@@ -201,18 +204,23 @@ def training_example_fn(cfg: BabilongConfig, tokenizer: Tokenizer, *, seq_len: i
     """rng -> TaskExample at data.seq_len: a generated story (uniform over cfg.tasks) hidden in haystack text,
     or a record of train_source at train_length that fits. The loss is on the answer and its EOS."""
     eos = tokenizer.eos_id
+    templates = {t: prompt_template(t, cfg.prompt) for t in cfg.tasks}
     if cfg.train_source == "generate":
         from recurlen.tasks.babilong_gen import Haystack, hide_facts, make_story, worst_case_tokens
 
-        need = worst_case_tokens(tokenizer, PROMPT + ANSWER, num_facts=cfg.num_facts) + 1  # + EOS
+        need = max(worst_case_tokens(tokenizer, tpl + ANSWER, num_facts=cfg.num_facts) for tpl in templates.values())
+        need += 1  # EOS
         if seq_len + 1 < need:
             raise ValueError(f"data.seq_len={seq_len} is too short for BABILong fine-tuning with {cfg.num_facts} "
-                             f"facts: an example can take {need} tokens; need data.seq_len >= {need - 1}")
+                             f"facts and the {cfg.prompt} prompt: an example can take {need} tokens; need "
+                             f"data.seq_len >= {need - 1}")
         haystack = Haystack(tokenizer, cfg.haystack, min_tokens=seq_len)
 
         def generated(rng: np.random.Generator) -> TaskExample:
-            story = make_story(rng, cfg.tasks[int(rng.integers(len(cfg.tasks)))], num_facts=cfg.num_facts)
-            head, tail = PROMPT.split("{input}")
+            task = cfg.tasks[int(rng.integers(len(cfg.tasks)))]
+            story = make_story(rng, task, num_facts=cfg.num_facts)
+            head, tail = templates[task].split("{input}")
+            head = head.replace("{{", "{").replace("}}", "}")
             head_ids, tail_ids = tokenizer.encode(head), tokenizer.encode(tail.format(question=story.question))
             answer = tokenizer.encode(ANSWER.format(target=story.answer)) + [eos]
             n_ctx = seq_len + 1 - len(head_ids) - len(tail_ids) - len(answer)
@@ -223,7 +231,7 @@ def training_example_fn(cfg: BabilongConfig, tokenizer: Tokenizer, *, seq_len: i
     fitting = []
     for task in cfg.tasks:
         for r in load_babilong(cfg.train_source, task=task, length=cfg.train_length):
-            prompt = tokenizer.encode(prompt_text(r))
+            prompt = tokenizer.encode(prompt_text(r, templates[task]))
             ids = prompt + tokenizer.encode(ANSWER.format(target=r["target"])) + [eos]
             if len(ids) <= seq_len + 1:
                 fitting.append(TaskExample(ids=ids, answer_start=len(prompt)))
@@ -236,12 +244,15 @@ def training_example_fn(cfg: BabilongConfig, tokenizer: Tokenizer, *, seq_len: i
 
 # ------------------------------------------------------------------ evaluation
 def evaluate_babilong(model: RecurrentLM, tokenizer: Tokenizer, cells: dict[tuple[str, int], list[dict]], *,
-                      batch_size: int, chunk_len: int, max_new_tokens: int, progress: bool = True) -> dict:
-    """Accuracy per (task, length) with the release's metric; `cells` maps (task, length) to records."""
+                      batch_size: int, chunk_len: int, max_new_tokens: int, prompt: str = "plain",
+                      progress: bool = True) -> dict:
+    """Accuracy per (task, length) with the release's metric; `cells` maps (task, length) to records, asked
+    in prompt style `prompt`."""
     results = []
     for i, ((task, length), records) in enumerate(cells.items()):
         labels = task_labels(task, records)
-        prompts = [tokenizer.encode(prompt_text(r)) for r in records]
+        template = prompt_template(task, prompt)
+        prompts = [tokenizer.encode(prompt_text(r, template)) for r in records]
         desc = f"babilong {task} {length_label(length)} ({i + 1}/{len(cells)})"
         outs = greedy_answers(model, prompts, max_new_tokens=max_new_tokens, stop_id=tokenizer.eos_id,
                               batch_size=batch_size, chunk_len=chunk_len, desc=desc if progress else None)

@@ -71,8 +71,21 @@ class BabilongConfig:
     """Facts per generated story (distractors included); the supporting facts are among them."""
     max_new_tokens: int = 12
     """Tokens generated per answer; the metric reads the first sentence only."""
+    prompt: str = "plain"
+    """'plain' (context, question, 'Answer:') or 'few_shot': the BABILong release's instruction, in-context
+    examples and answer format per task (qa1-qa5), as in the paper's few-shot evaluation. Fine-tuning examples
+    use the same prompt (few_shot needs a data.seq_len that holds its ~1000-character preamble)."""
 
     def __post_init__(self) -> None:
+        from recurlen.tasks.babilong_prompts import FEW_SHOT, PROMPT_STYLES
+
+        if self.prompt not in PROMPT_STYLES:
+            raise ValueError(f"task.babilong.prompt={self.prompt!r} is unknown; allowed: {list(PROMPT_STYLES)}")
+        if self.prompt == "few_shot":
+            bad = [t for t in self.tasks if t not in FEW_SHOT]
+            if bad:
+                raise ValueError(f"task.babilong.prompt=few_shot has examples for {sorted(FEW_SHOT)}; tasks {bad} "
+                                 "have none (use prompt=plain for them)")
         if not self.tasks:
             raise ValueError(f"task.babilong.tasks is empty; allowed: {list(BABILONG_TASKS)}")
         for t in self.tasks:

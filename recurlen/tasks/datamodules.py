@@ -157,7 +157,10 @@ def build_task_datamodule(cfg: ExperimentConfig) -> TaskDataModule:
     if cfg.intervention.name == "tbptt":
         # Every task row starts a new example (new_stream), so TBTT would reset every lane every step.
         raise ValueError(f"intervention tbptt needs documents that continue from step to step, but {cfg.task.name} "
-                         "examples are independent; use state_passing (or none / random_noise / fitted_noise)")
+                         "examples are independent; use state_passing (or none / random_noise / fitted_noise), or "
+                         "follow the paper: post-train on the corpus with tbptt (`recurlen finetune "
+                         "intervention=tbptt`), then fine-tune on the task from that run (model.pretrained=<run dir> "
+                         "intervention=none)")
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     loss_on = cfg.task.passkey.loss_on if cfg.task.name == "passkey" else "answer"
     pad_id = None

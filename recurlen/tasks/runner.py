@@ -73,10 +73,27 @@ def _load(source: str, cfg: ExperimentConfig):
     return loaded, tokenizer, tok_spec, device
 
 
+def starting_model(cfg: ExperimentConfig) -> dict | None:
+    """model.pretrained and, for a recurlen run (e.g. a corpus post-training with state passing or TBTT, the
+    paper's first stage before the task fine-tune), the intervention and context it was trained with."""
+    if not cfg.model.pretrained:
+        return None
+    from recurlen.checkpoint import RUN_META_KEY
+
+    p = Path(cfg.model.pretrained).expanduser()
+    ckpt = p / "checkpoints" / "last.ckpt" if p.is_dir() else p
+    if not (ckpt.is_file() and ckpt.suffix == ".ckpt"):
+        return {"path": cfg.model.pretrained, "intervention": None}
+    meta = torch.load(ckpt, map_location="cpu", weights_only=True).get(RUN_META_KEY) or {}
+    return {"path": cfg.model.pretrained, "intervention": meta.get("intervention"),
+            "train_seq_len": meta.get("train_seq_len")}
+
+
 def _header(cfg: ExperimentConfig, resolved: dict, *, source: str, train_len: int | None, tokenizer: str,
             device: str) -> dict:
     task_cfg = {k: v for k, v in (resolved.get("task") or {}).items() if k not in TASKS or k == cfg.task.name}
     return {"format": f"recurlen.tasks.{cfg.task.name}/1", "task": cfg.task.name, "model": source,
+            "starting_model": starting_model(cfg),
             "train_len": train_len, "tokenizer": tokenizer, "device": device, "seed": cfg.seed,
             "intervention": cfg.intervention.name, "task_config": task_cfg,
             "plots": {"figure": PLOT_NAMES[cfg.task.name]}, "tensorboard": "tb"}
@@ -122,7 +139,7 @@ def babilong_cells(cfg: ExperimentConfig, tokenizer, lengths: list[int], out: Pa
         for task in b.tasks:
             for n in lengths:
                 cells[(task, n)] = generate_records(tokenizer, task=task, length=n, num=t.trials, seed=t.eval_seed,
-                                                    num_facts=b.num_facts, haystack=haystack)
+                                                    num_facts=b.num_facts, haystack=haystack, prompt=b.prompt)
         write_babilong_dir(out / "data", {(length_label(n), task): recs for (task, n), recs in cells.items()})
         return cells
     for task in b.tasks:
@@ -140,9 +157,11 @@ def run_babilong(cfg: ExperimentConfig, resolved: dict) -> Path:
     out = task_output_dir(cfg)
     cells = babilong_cells(cfg, tokenizer, eval_lengths(cfg), out)
     res = evaluate_babilong(loaded.model.eval(), tokenizer, cells, batch_size=cfg.task.eval_batch_size,
-                            chunk_len=cfg.task.chunk_len, max_new_tokens=cfg.task.babilong.max_new_tokens)
+                            chunk_len=cfg.task.chunk_len, max_new_tokens=cfg.task.babilong.max_new_tokens,
+                            prompt=cfg.task.babilong.prompt)
     results = {**_header(cfg, resolved, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
-                         device=device), "source": cfg.task.babilong.source, **res}
+                         device=device), "source": cfg.task.babilong.source, "prompt": cfg.task.babilong.prompt,
+               **res}
     scalars = {f"babilong/accuracy/{task}": [(n, res["accuracy"][i][j]) for j, n in enumerate(res["lengths"])]
                for i, task in enumerate(res["tasks"])}
     scalars["babilong/accuracy/mean"] = [(int(n), a) for n, a in res["mean_accuracy_by_length"].items()]
