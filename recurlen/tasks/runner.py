@@ -78,11 +78,11 @@ def starting_model(cfg: ExperimentConfig) -> dict | None:
     paper's first stage before the task fine-tune), the intervention and context it was trained with."""
     if not cfg.model.pretrained:
         return None
-    from recurlen.checkpoint import RUN_META_KEY
+    from recurlen.runs import RUN_META_KEY
 
     p = Path(cfg.model.pretrained).expanduser()
-    ckpt = p / "checkpoints" / "last.ckpt" if p.is_dir() else p
-    if not (ckpt.is_file() and ckpt.suffix == ".ckpt"):
+    ckpt = p if p.suffix == ".ckpt" else RunDir(p).last_checkpoint
+    if not ckpt.is_file():  # an official checkpoint: no recurlen post-training
         return {"path": cfg.model.pretrained, "intervention": None}
     meta = torch.load(ckpt, map_location="cpu", weights_only=True).get(RUN_META_KEY) or {}
     return {"path": cfg.model.pretrained, "intervention": meta.get("intervention"),
