@@ -61,6 +61,8 @@ class Architecture:
     """Registry key, used in configs, run metadata and commands (mamba2, mamba1, gla)."""
     title: str
     """Human name for reports (Mamba-2, ...)."""
+    prefix: str
+    """Model names in experiments/model/ are prefix + preset ('' for Mamba-2: tiny, 780m; mamba1-790m; gla-340m)."""
     config_cls: type
     model_cls: type
     state_cls: type[LayeredState]
@@ -74,11 +76,23 @@ class Architecture:
     read_state_dict: Callable[[Path], dict[str, torch.Tensor]]
     describe: Callable[[Any], str]
     """One line for reports: the shape of a config."""
+    official_marker: str
+    """Part of an official checkpoint's directory / hub name (mamba2-, mamba-, gla-)."""
+    official_seq_len: int = 2048
+    """The context the official checkpoints were pre-trained at (what 'past T' means for them)."""
+
+    def official_train_seq_len(self, directory: Path) -> int | None:
+        return self.official_seq_len if self.official_marker in str(directory) else None
 
     def preset(self, name: str, **overrides: Any):
-        if name not in self.presets:
+        """A preset by its own name (tiny) or its model name (mamba1-tiny)."""
+        key = name[len(self.prefix):] if self.prefix and name.startswith(self.prefix) else name
+        if key not in self.presets:
             raise ValueError(f"unknown {self.title} preset {name!r}; allowed: {sorted(self.presets)}")
-        return self.config_cls(**{**self.presets[name], **overrides})
+        return self.config_cls(**{**self.presets[key], **overrides})
+
+    def model_names(self) -> list[str]:
+        return sorted(self.prefix + key for key in self.presets)
 
     def config_from_dict(self, d: dict[str, Any]):
         return self.config_cls.from_dict(dict(d))

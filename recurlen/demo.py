@@ -195,7 +195,7 @@ def setup_notes(cfg: DemoConfig) -> list[str]:
     """The report's Setup section: what was trained, and why A is initialised as it is."""
     pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
     post = _experiment_cfg(cfg, cfg.posttrain_experiment)
-    arch = pre.model.arch
+    arch = pre.model.config
     low, high = arch.A_init_range
     spacing = "log-uniformly" if arch.A_init_log_uniform else "uniformly"
     pre_steps = cfg.pretrain_steps or pre.trainer.max_steps

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
+from recurlen import arch
 from recurlen.interventions import Accumulator, FittedNoiseStats, Intervention, InterventionConfig
 from recurlen.model import Mamba2LM
 from recurlen.optim import OptimConfig, build_optimizer
@@ -173,6 +174,7 @@ class RecurlenModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[RUN_META_KEY] = {
+            "architecture": arch.of_model(self.model).name,
             "model_config": self.model.config.to_dict(),
             "tokenizer": self.tokenizer_spec,
             "train_seq_len": self.train_seq_len,

@@ -20,7 +20,7 @@ def describe(cfg: Mamba2Config) -> str:
 
 
 ARCHITECTURE = Architecture(
-    name="mamba2", title="Mamba-2", config_cls=Mamba2Config, model_cls=Mamba2LM, state_cls=RecurrentState,
+    name="mamba2", title="Mamba-2", prefix="", config_cls=Mamba2Config, model_cls=Mamba2LM, state_cls=RecurrentState,
     presets=PRESETS, recognises=recognises, read_config=read_config,
     load_state_dict=lambda model, sd, source: load_official_state_dict(model, sd, source=source),
-    read_state_dict=read_state_dict, describe=describe)
+    read_state_dict=read_state_dict, describe=describe, official_marker="mamba2-")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recurlen import arch
 from recurlen.errors import UserError
 from recurlen.runs import CHECKPOINTS_DIR, LAST_CHECKPOINT
 
@@ -98,7 +99,7 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
     else:
         resume = "starts fresh"
     model = (describe_checkpoint(cfg.model.pretrained) if cfg.model.pretrained
-             else f"new {cfg.model.name} (d_model {cfg.model.arch.d_model}, {cfg.model.arch.n_layer} layers)")
+             else f"new {cfg.model.name}: {arch.get(cfg.model.architecture).describe(cfg.model.config)}")
     t = cfg.trainer
     devices = (f"{t.accelerator} x {t.devices} devices x {t.num_nodes} nodes, strategy {t.strategy}, "
                f"precision {t.precision}")

@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from recurlen.checkpoint import CONFIG_NAME, load_official_state_dict, load_pretrained, resolve_pretrained_dir
-from recurlen.config import Mamba2Config
+from recurlen import arch
+from recurlen.checkpoint import CONFIG_NAME, resolve_pretrained_dir
 from recurlen.files import write_text
-from recurlen.model import Mamba2LM
 
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
@@ -139,7 +138,8 @@ def run_config(path: str | Path) -> dict | None:
 class LoadedModel:
     """A model plus what is known of how it was trained (None where the source does not say)."""
 
-    def __init__(self, model: Mamba2LM, *, tokenizer: str | None, train_seq_len: int | None, source: str) -> None:
+    def __init__(self, model: arch.RecurrentLM, *, tokenizer: str | None, train_seq_len: int | None,
+                 source: str) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.train_seq_len = train_seq_len
@@ -165,18 +165,20 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
         if not meta or "model_config" not in meta:
             raise ValueError(f"{ckpt_path} is a Lightning checkpoint without recurlen metadata (key {RUN_META_KEY!r}); "
                              "it was not written by recurlen's LightningModule and has no state API to evaluate")
-        model = Mamba2LM(Mamba2Config.from_dict(meta["model_config"]), backend=backend)
+        # Checkpoints written before there were several architectures hold Mamba-2 models.
+        a = arch.get(meta.get("architecture", arch.DEFAULT))
+        model = a.build(a.config_from_dict(meta["model_config"]), backend=backend)
         prefix = "model."
         state_dict = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
-        load_official_state_dict(model, state_dict, source=str(ckpt_path))
+        a.load_state_dict(model, state_dict, str(ckpt_path))
         return LoadedModel(model.to(device), tokenizer=meta.get("tokenizer"), train_seq_len=meta.get("train_seq_len"),
                            source=str(ckpt_path))
     directory = resolve_pretrained_dir(str(path))
-    model = load_pretrained(Mamba2LM, str(directory), backend=backend, device=device, dtype=torch.float32)
+    a = arch.detect(directory)
+    model = a.load_pretrained(directory, backend=backend, device=device, dtype=torch.float32)
     has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
-    official = directory.name.startswith("mamba2-") or "mamba2-" in str(directory)
     return LoadedModel(model, tokenizer=str(directory) if has_tokenizer else None,
-                       train_seq_len=2048 if official else None, source=str(directory))
+                       train_seq_len=a.official_train_seq_len(directory), source=str(directory))
 
 
 __all__ = ["CONFIG_FILE", "FITTED_NOISE_FILE", "LAST_CHECKPOINT", "RUN_META_KEY", "LoadedModel", "RunDir",

@@ -16,11 +16,12 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from recurlen import arch
+from recurlen.arch import RecurrentLM
 from recurlen.data.datamodule import RecurlenDataModule
 from recurlen.experiment.schema import ExperimentConfig
 from recurlen.files import save_torch, write_json
 from recurlen.lit_module import RecurlenModule
-from recurlen.model import Mamba2LM
 from recurlen.runs import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
 
 log = logging.getLogger(__name__)
@@ -91,13 +92,13 @@ def build_datamodule(cfg: ExperimentConfig) -> L.LightningDataModule:
     return RecurlenDataModule(cfg.data)
 
 
-def build_model(cfg: ExperimentConfig) -> Mamba2LM:
+def build_model(cfg: ExperimentConfig) -> RecurrentLM:
     if cfg.model.pretrained:
         loaded = load_model(cfg.model.pretrained, backend=cfg.model.backend)
         rank_zero_info(f"loaded {loaded.source} ({loaded.model.num_parameters() / 1e6:.1f}M parameters)")
         return loaded.model
     torch.manual_seed(cfg.seed)  # the same initialisation on every rank
-    return Mamba2LM(cfg.model.arch, backend=cfg.model.backend)
+    return arch.get(cfg.model.architecture).build(cfg.model.config, backend=cfg.model.backend)
 
 
 def _precision(name: str) -> str:

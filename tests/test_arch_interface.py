@@ -90,3 +90,25 @@ def test_detect_refuses_unknown_configs(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ValueError, match="is not a config of a known architecture"):
         arch.detect(tmp_path)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_preset_has_a_model_yaml_with_the_same_config(name):
+    from recurlen.experiment.compose import load_experiment
+
+    a = arch.get(name)
+    for model_name in a.model_names():
+        cfg, _ = load_experiment([f"model={model_name}"])
+        assert cfg.model.name == model_name and cfg.model.architecture == name
+        assert cfg.model.config == a.preset(model_name)
+
+
+def test_model_section_validates_the_architecture_and_its_fields():
+    from recurlen.experiment.compose import load_experiment
+
+    with pytest.raises(ValueError, match=r"unknown keys \['headdim'\]"):
+        load_experiment(["model=mamba1-tiny", "model.arch.headdim=8"])
+    with pytest.raises(ValueError, match="unknown architecture 'rwkv'"):
+        load_experiment(["model.architecture=rwkv"])
+    with pytest.raises(ValueError, match="model.name='tiny' is unknown for architecture=gla"):
+        load_experiment(["model.architecture=gla"])

@@ -39,13 +39,13 @@ def test_every_group_choice_composes(group):
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_model_yaml_matches_python_preset(name):
     cfg, _ = load_experiment([f"model={name}"])
-    assert cfg.model.arch == Mamba2Config(**PRESETS[name])
+    assert cfg.model.config == Mamba2Config(**PRESETS[name])
 
 
 def test_small_model_presets_instantiate():
     for name in ("nano", "tiny", "small"):
         cfg, _ = load_experiment([f"model={name}"])
-        model = Mamba2LM(cfg.model.arch)
+        model = Mamba2LM(cfg.model.config)
         logits, state = model(torch.zeros(1, 3, dtype=torch.long))
         assert logits.shape == (1, 3, 257)
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from recurlen.config import BACKENDS, PRESETS, Mamba2Config
+from recurlen import arch as architectures
+from recurlen.config import BACKENDS
 from recurlen.data.config import DataConfig
 from recurlen.interventions import INTERVENTIONS, InterventionConfig
 from recurlen.optim import OptimConfig
@@ -19,22 +21,33 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", "single_device")
 @dataclass
 class ModelSection:
     name: str = "tiny"
-    """A preset name (nano, tiny, small, 130m, 370m, 780m, 1.3b, 2.7b) or 'custom'."""
+    """A model name from experiments/model/ (Mamba-2: nano ... 2.7b; mamba1-*; gla-*) or 'custom'."""
+    architecture: str = "mamba2"
+    """mamba2, mamba1 or gla (see recurlen.arch); decides what `arch` holds."""
     pretrained: str | None = None
     """Weights to start from: an official directory, a hub id in the local cache, or a recurlen run
     checkpoint / run directory. None trains from the initialisation given by `arch`."""
     backend: str = "auto"
     """'auto' (kernels on CUDA when installed), 'torch', or 'kernel'."""
-    arch: Mamba2Config = field(default_factory=Mamba2Config)
-    """Shape and initialisation; ignored (the checkpoint's config wins) when `pretrained` is set."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """Shape and initialisation: fields of the architecture's config (Mamba2Config, Mamba1Config, GLAConfig;
+    unset fields keep its defaults); ignored (the checkpoint's config wins) when `pretrained` is set."""
     default_data: str | None = None
     """The data group used with this model unless the command line picks one (official models: pile)."""
 
     def __post_init__(self) -> None:
-        if self.name not in PRESETS and self.name != "custom":
-            raise ValueError(f"model.name={self.name!r} is unknown; allowed: {sorted(PRESETS)} or 'custom'")
+        a = architectures.get(self.architecture)
+        if self.name not in a.model_names() and self.name != "custom":
+            raise ValueError(f"model.name={self.name!r} is unknown for architecture={self.architecture}; allowed: "
+                             f"{a.model_names()} or 'custom'")
+        a.config_from_dict(self.arch)  # validates the arch fields (unknown keys and bad values name themselves)
         if self.backend not in BACKENDS:
             raise ValueError(f"model.backend={self.backend!r} is unknown; allowed: {list(BACKENDS)}")
+
+    @property
+    def config(self):
+        """The architecture's typed config built from `arch`."""
+        return architectures.get(self.architecture).config_from_dict(self.arch)
 
 
 @dataclass

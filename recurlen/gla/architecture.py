@@ -19,7 +19,7 @@ def describe(cfg: GLAConfig) -> str:
 
 
 ARCHITECTURE = Architecture(
-    name="gla", title="GLA", config_cls=GLAConfig, model_cls=GLALM, state_cls=GLAState, presets=PRESETS,
+    name="gla", title="GLA", prefix="gla-", config_cls=GLAConfig, model_cls=GLALM, state_cls=GLAState, presets=PRESETS,
     recognises=recognises, read_config=read_config,
     load_state_dict=lambda model, sd, source: load_state_dict_strict(model, sd, source=source),
-    read_state_dict=read_state_dict, describe=describe)
+    read_state_dict=read_state_dict, describe=describe, official_marker="gla-")

@@ -20,7 +20,7 @@ def describe(cfg: Mamba1Config) -> str:
 
 
 ARCHITECTURE = Architecture(
-    name="mamba1", title="Mamba-1", config_cls=Mamba1Config, model_cls=Mamba1LM, state_cls=Mamba1State,
-    presets=PRESETS, recognises=recognises, read_config=read_config,
+    name="mamba1", title="Mamba-1", prefix="mamba1-", config_cls=Mamba1Config, model_cls=Mamba1LM,
+    state_cls=Mamba1State, presets=PRESETS, recognises=recognises, read_config=read_config,
     load_state_dict=lambda model, sd, source: load_official_state_dict(model, sd, source=source),
-    read_state_dict=read_state_dict, describe=describe)
+    read_state_dict=read_state_dict, describe=describe, official_marker="state-spaces/mamba-")
