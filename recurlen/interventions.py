@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from recurlen.files import save_torch
-from recurlen.state import RecurrentState
+from recurlen.layered_state import LayeredState
 
 INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
 LAYOUT_FOR = {"none": "independent", "random_noise": "independent", "fitted_noise": "independent",
@@ -66,7 +66,10 @@ def step_generator(seed: int, step: int, rank: int, stream: int, device: torch.d
 
 @dataclass
 class FittedNoiseStats:
-    """Per (layer, head) mean and std of final SSM states: the fitted-noise distribution."""
+    """Per (layer, group) mean and std of final recurrent states: the fitted-noise distribution.
+
+    The groups are the state type's (GROUP_DIMS): (layer, head) for Mamba-2 and GLA, layer for Mamba-1.
+    """
 
     mean_KH: torch.Tensor
     std_KH: torch.Tensor
@@ -77,7 +80,12 @@ class FittedNoiseStats:
         for name, t in (("mean", self.mean_KH), ("std", self.std_KH)):
             if tuple(t.shape) != (n_layer, nheads):
                 raise ValueError(f"fitted-noise {name} has shape {tuple(t.shape)}; this model needs "
-                                 f"({n_layer}, {nheads}) (layers, heads)")
+                                 f"({n_layer}, {nheads}) (layers, heads or groups)")
+
+    def check_state(self, zeros: LayeredState) -> None:
+        """Check against a model's state type: (layers, groups) of its recurrent part."""
+        k, g, _ = zeros.group_view(noise_part(zeros)).shape
+        self.check(n_layer=k, nheads=g)
         if not torch.isfinite(self.mean_KH).all() or not (self.std_KH >= 0).all():
             raise ValueError("fitted-noise statistics contain non-finite means or negative stds")
 
@@ -103,20 +111,28 @@ class FittedNoiseStats:
         return cls.from_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
+def noise_part(state: LayeredState) -> str:
+    """The recurrent part the noise interventions draw (every architecture has exactly one)."""
+    if len(state.RECURRENT) != 1:
+        raise ValueError(f"{type(state).__name__} has recurrent parts {list(state.RECURRENT)}; the noise "
+                         "interventions support exactly one")
+    return state.RECURRENT[0]
+
+
 class Accumulator:
-    """Running per (layer, head) sums over final states, for fitting the noise."""
+    """Running per (layer, group) sums over final states, for fitting the noise."""
 
     def __init__(self) -> None:
         self.sum_KH: torch.Tensor | None = None
         self.sumsq_KH: torch.Tensor | None = None
         self.count = 0
 
-    def add(self, ssm_KBHPN: torch.Tensor) -> None:
-        x = ssm_KBHPN.detach().double()
-        s, sq = x.sum(dim=(1, 3, 4)), x.pow(2).sum(dim=(1, 3, 4))
+    def add(self, state: LayeredState) -> None:
+        x_KGM = state.group_view(noise_part(state)).detach().double()
+        s, sq = x_KGM.sum(dim=-1), x_KGM.pow(2).sum(dim=-1)
         self.sum_KH = s if self.sum_KH is None else self.sum_KH + s
         self.sumsq_KH = sq if self.sumsq_KH is None else self.sumsq_KH + sq
-        self.count += x.shape[1] * x.shape[3] * x.shape[4]
+        self.count += x_KGM.shape[-1]
 
     def stats(self, *, num_states: int, seq_len: int) -> FittedNoiseStats:
         if self.sum_KH is None:
@@ -137,30 +153,33 @@ class Intervention:
     def passes_state(self) -> bool:
         return self.cfg.name in ("state_passing", "tbptt")
 
-    def initial_state(self, *, zeros: RecurrentState, carried: RecurrentState | None, new_stream_B: torch.Tensor,
-                      step: int, rank: int, fitted: FittedNoiseStats | None) -> RecurrentState:
+    def initial_state(self, *, zeros: LayeredState, carried: LayeredState | None, new_stream_B: torch.Tensor,
+                      step: int, rank: int, fitted: FittedNoiseStats | None) -> LayeredState:
         name, device = self.cfg.name, zeros.device
         if name == "none":
             return zeros
         if name in ("random_noise", "fitted_noise"):
+            part = noise_part(zeros)
+            shape = getattr(zeros, part).shape  # (K, B, *groups, *rest)
             g = step_generator(self.seed, step, rank, stream=1, device=device)
-            eps = torch.randn(zeros.ssm.shape, generator=g, device=device, dtype=torch.float32)
+            eps = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
             if name == "random_noise":
-                ssm = eps * self.cfg.noise_std
+                noise = eps * self.cfg.noise_std
             else:
                 if fitted is None:
                     raise ValueError("fitted_noise has no statistics; fit them first (`recurlen fit-noise`) or let "
                                      "training fit them at start")
-                mean = fitted.mean_KH.to(device)[:, None, :, None, None]
-                std = fitted.std_KH.to(device)[:, None, :, None, None]
-                ssm = mean + std * eps
-            return RecurrentState(ssm, zeros.conv)
+                # (K, G) statistics broadcast over lanes and over the entries inside each group.
+                groups = zeros.GROUP_DIMS.get(part, 0)
+                view = (shape[0], 1, *shape[2:2 + groups], *([1] * (len(shape) - 2 - groups)))
+                noise = fitted.mean_KH.to(device).view(view) + fitted.std_KH.to(device).view(view) * eps
+            return zeros._map(lambda n, t: noise if n == part else t)
         # state_passing / tbptt
         if carried is None:
             return zeros
         state = carried.detach()  # the gradient stops at the step boundary
         if not self.cfg.pass_conv:
-            state = state.with_ssm_only()
+            state = state.recurrent_only()
         # In TBTT a lane whose stream restarts must not inherit the old stream's state. State passing
         # ignores stream boundaries on purpose: its previous batch is an unrelated sequence anyway.
         if self.cfg.name == "tbptt":

@@ -23,10 +23,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from recurlen import arch
 from recurlen.interventions import Accumulator, FittedNoiseStats, Intervention, InterventionConfig
-from recurlen.model import Mamba2LM
+from recurlen.layered_state import LayeredState
 from recurlen.optim import OptimConfig, build_optimizer
 from recurlen.runs import RUN_META_KEY
-from recurlen.state import RecurrentState
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def token_loss(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, mask_BL: torc
 
 
 class RecurlenModule(L.LightningModule):
-    def __init__(self, model: Mamba2LM, *, intervention: InterventionConfig, optim: OptimConfig, seed: int,
+    def __init__(self, model: arch.RecurrentLM, *, intervention: InterventionConfig, optim: OptimConfig, seed: int,
                  train_seq_len: int, tokenizer: str, total_steps: int, hparams: dict | None = None) -> None:
         super().__init__()
         self.model = model
@@ -56,13 +55,13 @@ class RecurlenModule(L.LightningModule):
         if hparams is not None:
             self.save_hyperparameters(hparams)  # the resolved experiment config, kept in every checkpoint
         self.fitted: FittedNoiseStats | None = None
-        self.carried: RecurrentState | None = None
+        self.carried: LayeredState | None = None
         self.carried_lanes: torch.Tensor | None = None
         self._t_last: float | None = None
 
     # ------------------------------------------------------------------ fitted noise
     def set_fitted_noise(self, stats: FittedNoiseStats) -> None:
-        stats.check(n_layer=self.model.config.n_layer, nheads=self.model.config.nheads)
+        stats.check_state(self.model.zero_state(1, device="cpu"))
         self.fitted = stats
 
     @torch.no_grad()
@@ -74,7 +73,7 @@ class RecurlenModule(L.LightningModule):
         sequences = 0
         for n, batch in enumerate(batches, start=1):
             _, final = self.model.forward_hidden(batch["input_ids"].to(self.device))
-            acc.add(final.ssm)
+            acc.add(final)
             sequences += batch["input_ids"].shape[0]
             if n >= num_batches:
                 break
@@ -103,7 +102,7 @@ class RecurlenModule(L.LightningModule):
                  stats.mean_KH.abs().mean().item(), stats.std_KH.mean().item())
 
     # ------------------------------------------------------------------ training
-    def _initial_state(self, batch: dict) -> RecurrentState:
+    def _initial_state(self, batch: dict) -> LayeredState:
         lanes_B = batch["lane"]
         zeros = self.model.zero_state(lanes_B.shape[0], device=self.device)
         carried = self.carried
@@ -130,7 +129,7 @@ class RecurlenModule(L.LightningModule):
             self.carried_lanes = batch["lane"].detach().cpu()
         batch_size = input_ids.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
-        self.log("train/final_state_rms", final.norms()["ssm_rms_K"].mean(), batch_size=batch_size)
+        self.log("train/final_state_rms", final.norms()[f"{final.RECURRENT[0]}_rms_K"].mean(), batch_size=batch_size)
         return loss
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
@@ -164,13 +163,13 @@ class RecurlenModule(L.LightningModule):
     def _gather_carried(self) -> dict | None:
         if self.carried is None:
             return None
-        ssm, conv, lanes = self.carried.ssm, self.carried.conv, self.carried_lanes.to(self.device)
+        parts, lanes = self.carried.parts(), self.carried_lanes.to(self.device)
         world = self.trainer.world_size if self._trainer is not None else 1
         if world > 1:  # every rank calls this (checkpoint dumps run on all ranks); rank 0 writes the file
-            ssm, conv, lanes = (self.all_gather(t).flatten(0, 1) for t in (ssm.transpose(0, 1), conv.transpose(0, 1),
-                                                                            lanes))
-            ssm, conv = ssm.transpose(0, 1), conv.transpose(0, 1)
-        return {"ssm": ssm.cpu(), "conv": conv.cpu(), "lanes": lanes.cpu(), "world_size": world}
+            parts = {n: self.all_gather(t.transpose(0, 1)).flatten(0, 1).transpose(0, 1) for n, t in parts.items()}
+            lanes = self.all_gather(lanes).flatten(0, 1)
+        # The state's parts by name (Mamba-2: ssm, conv; Mamba-1: ssm, conv; GLA: kv, conv), (layers, lanes, ...).
+        return {**{n: t.cpu() for n, t in parts.items()}, "lanes": lanes.cpu(), "world_size": world}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[RUN_META_KEY] = {
@@ -200,5 +199,6 @@ class RecurlenModule(L.LightningModule):
         lanes_total = carried["lanes"].shape[0]
         per_rank = lanes_total // world
         rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        self.carried = RecurrentState(carried["ssm"][:, rows].to(self.device), carried["conv"][:, rows].to(self.device))
+        cls = type(self.model.zero_state(1, device="cpu"))
+        self.carried = cls.from_state_dict({n: carried[n][:, rows] for n in cls.part_names()}).to(self.device)
         self.carried_lanes = carried["lanes"][rows].clone()

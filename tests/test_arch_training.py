@@ -1,0 +1,101 @@
+"""Post-training works the same for every architecture: each intervention, fitted noise per the state's
+groups, carried states in checkpoints, exact resume, and run loading."""
+
+import pytest
+import torch
+
+from recurlen import arch
+from recurlen.experiment.compose import load_experiment
+from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, Intervention, InterventionConfig
+from recurlen.runs import RUN_META_KEY, load_model
+from recurlen.train import run_finetune
+
+ARCHS = ["mamba1", "gla"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("corpus-cache"))
+
+
+def experiment(run_dir, cache_dir, name, *overrides):
+    base = [f"model={arch.get(name).prefix}nano", "data.seq_len=16", "data.batch_size=4", "data.val_length=64",
+            "data.val_sequences=2", "data.val_segments=8", f"data.cache_dir={cache_dir}", "data.max_documents=60",
+            "data.val_fraction=0.2", "trainer.max_steps=2", "trainer.val_every_n_steps=0",
+            "trainer.limit_val_batches=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
+            "trainer.devices=1", "trainer.log_every_n_steps=1", "optim.warmup_steps=1", "optim.lr=1e-3",
+            "intervention.fit_batches=2", "diagnostics.positionwise=false", "diagnostics.state_norm=false",
+            f"run_dir={run_dir}"]
+    return load_experiment(base + list(overrides))
+
+
+@pytest.mark.parametrize("intervention", INTERVENTIONS)
+@pytest.mark.parametrize("name", ARCHS)
+def test_each_intervention_trains_each_architecture(tmp_path, cache_dir, name, intervention):
+    cfg, resolved = experiment(tmp_path / "run", cache_dir, name, f"intervention={intervention}")
+    run_dir = run_finetune(cfg, resolved)
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    meta = ckpt[RUN_META_KEY]
+    assert ckpt["global_step"] == 2 and meta["architecture"] == name and meta["intervention"] == intervention
+    a = arch.get(name)
+    zero = a.build(cfg.model.config).zero_state(4)
+    if intervention in ("state_passing", "tbptt"):
+        carried = meta["carried"]
+        for part in a.state_cls.part_names():  # every part of the state type, lanes second
+            assert carried[part].shape == getattr(zero, part).shape
+        assert carried[a.state_cls.RECURRENT[0]].abs().sum() > 0
+    else:
+        assert meta["carried"] is None
+    if intervention == "fitted_noise":
+        stats = FittedNoiseStats.from_state_dict(meta["fitted_noise"])
+        k, groups, _ = zero.group_view(a.state_cls.RECURRENT[0]).shape
+        assert stats.mean_KH.shape == (k, groups) and (stats.std_KH > 0).all()
+    loaded = load_model(str(run_dir), backend="torch")
+    assert isinstance(loaded.model, a.model_cls)
+    prefix = "model."
+    for key, value in loaded.model.state_dict().items():
+        assert torch.equal(value, ckpt["state_dict"][prefix + key]), key
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_noise_is_drawn_on_the_recurrent_part_with_fitted_groups(name):
+    a = arch.get(name)
+    zeros = a.build(a.preset("nano")).zero_state(3)
+    part = a.state_cls.RECURRENT[0]
+    k, groups, _ = zeros.group_view(part).shape
+    stats = FittedNoiseStats(mean_KH=torch.arange(k * groups, dtype=torch.float32).view(k, groups) * 10,
+                             std_KH=torch.full((k, groups), 1e-3))
+    stats.check_state(zeros)
+    iv = Intervention(InterventionConfig(name="fitted_noise"), seed=0)
+    state = iv.initial_state(zeros=zeros, carried=None, new_stream_B=torch.zeros(3, dtype=torch.bool), step=0,
+                             rank=0, fitted=stats)
+    means = state.group_view(part).mean(dim=-1)
+    torch.testing.assert_close(means, stats.mean_KH, rtol=0, atol=1e-3)
+    for window in a.state_cls.WINDOW:
+        assert getattr(state, window).abs().sum() == 0  # noise never touches the conv windows
+    with pytest.raises(ValueError, match="fitted-noise mean has shape"):
+        FittedNoiseStats(mean_KH=torch.zeros(k, groups + 1), std_KH=torch.zeros(k, groups + 1)).check_state(zeros)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_resume_is_exact_with_carried_states(tmp_path, cache_dir, name):
+    # 4 steps in one go against 2 steps, then a resumed run to 4: same weights, same carried states
+    # (a constant schedule, so that stopping at 2 does not change the first steps' learning rates).
+    extra = ["intervention=state_passing", "intervention.pass_conv=true", "trainer.checkpoint_every_n_steps=2",
+             "optim.schedule=constant"]
+    if name == "gla":
+        extra.append("model.arch.use_short_conv=true")
+    straight, resolved = experiment(tmp_path / "a", cache_dir, name, "trainer.max_steps=4", *extra)
+    run_finetune(straight, resolved)
+    first, resolved = experiment(tmp_path / "b", cache_dir, name, "trainer.max_steps=2", *extra)
+    run_finetune(first, resolved)
+    again, resolved = experiment(tmp_path / "b", cache_dir, name, "trainer.max_steps=4", *extra)
+    run_finetune(again, resolved)
+    a = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 4
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    for part, value in a[RUN_META_KEY]["carried"].items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, b[RUN_META_KEY]["carried"][part]), part
