@@ -92,7 +92,7 @@ def _state_lines(runs: Sequence[dict]) -> list[str]:
         mean = [sum(layer[i] for layer in norms) / len(norms) for i in range(len(pos))]
         picks = sorted({0, len(pos) // 4, len(pos) // 2, len(pos) - 1})
         pts = ", ".join(f"t={pos[i]}: {_fmt(mean[i], '.3g')}" for i in picks)
-        lines.append(f"- {run['label']}: SSM state norm (mean over layers) {pts}")
+        lines.append(f"- {run['label']}: recurrent state norm (mean over layers) {pts}")
     return lines
 
 
@@ -151,6 +151,9 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     else:
         lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M')}.", ""]
     lines += list(notes) + ([""] if notes else [])
+    if len({r.get("architecture") for r in runs}) > 1:  # runs of several architectures, side by side
+        lines += ["## Models", "", "| run | model | T |", "|---|---|---|"]
+        lines += [f"| {r['label']} | {r.get('model', '?')} | {r.get('train_len', '?')} |" for r in runs] + [""]
     if runs:
         lines += _evaluation_lines(runs, verdicts, checks, plots)
     lines += task_sections(tasks, out)

@@ -112,3 +112,26 @@ def test_model_section_validates_the_architecture_and_its_fields():
         load_experiment(["model.architecture=rwkv"])
     with pytest.raises(ValueError, match="model.name='tiny' is unknown for architecture=gla"):
         load_experiment(["model.architecture=gla"])
+
+
+def test_eval_and_report_put_architectures_side_by_side(tmp_path):
+    from recurlen.eval.runner import EvalConfig, run_eval
+    from recurlen.report import write_report
+
+    paths = []
+    for name in NAMES:
+        model = _model(name)
+        model.save_pretrained(str(tmp_path / name))
+        paths.append(f"{name}={tmp_path / name}")
+    seqs = torch.randint(0, 257, (3, 200), generator=torch.Generator().manual_seed(4))
+    cfg = EvalConfig(checkpoints=paths, output_dir=str(tmp_path / "eval"), train_len=32, seq_len=128,
+                     num_sequences=2, chunk_len=50, batch_size=2, state_points=4, log_bins=4, effrem_points=3,
+                     effrem_sequences=2, device="cpu", progress=False)
+    results = run_eval(cfg, seqs)
+    assert [r["architecture"] for r in results["runs"]] == NAMES
+    for run in results["runs"]:
+        assert run["positionwise"]["bins"] and run["state"]["ssm_norm"] and run["effrem"]["effrem"]
+    report = write_report([str(tmp_path / "eval" / "results.json")], out_dir=tmp_path / "report").read_text()
+    assert "## Models" in report
+    for name in NAMES:
+        assert f"| {name} | {arch.get(name).title} (" in report

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from recurlen import arch
 from recurlen.eval.common import require_state_api
 from recurlen.eval.effrem import check_t_grid, effective_remembrance
 from recurlen.eval.plots import PLOT_NAMES, RESULTS_NAME, write_plots
@@ -161,6 +162,11 @@ def evaluate_model(model: torch.nn.Module, sequences, *, cfg: EvalConfig, train_
         raise ValueError(f"eval [{label}]: seq_len={seq_len} must be larger than the training context "
                          f"train_len={train_len}")
     entry: dict = {"label": label, "source": source, "train_len": train_len, "seq_len": seq_len}
+    try:
+        a = arch.of_model(model)
+        entry.update(architecture=a.name, model=a.describe(model.config))
+    except ValueError:  # a model outside the registry that still has the state API
+        pass
     tasks = set(cfg.tasks)
     if tasks & {"positionwise", "reset", "state"}:
         result = evaluate_positionwise(
