@@ -27,7 +27,8 @@ def make(name: str, args, fitted) -> tuple[RecurlenModule, RecurlenDataModule, t
     model = Mamba2LM(preset(args.model, chunk_size=args.seq_len), backend="torch")
     module = RecurlenModule(model, intervention=InterventionConfig(name=name), optim=OptimConfig(), seed=0,
                             train_seq_len=args.seq_len, tokenizer="bytes", total_steps=10_000)
-    module.fitted = fitted
+    if name == "fitted_noise":
+        module.intervention.set_stats(fitted)
     dm = RecurlenDataModule(DataConfig(seq_len=args.seq_len, batch_size=args.batch, layout=LAYOUT_FOR[name],
                                        val_sequences=0, val_segments=0))
     dm.setup("fit")

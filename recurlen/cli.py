@@ -47,6 +47,17 @@ def _out(text: str) -> None:
 # ---- experiments: finetune, config, fit-noise, passkey, babilong, copying -------------------------------------
 
 
+TASK_COMMANDS = ("passkey", "babilong", "copying")
+
+
+def _schema(command: str):
+    """Task commands (and `config`, which prints either kind) compose with the task section; training without."""
+    from recurlen.experiment.schema import ExperimentConfig
+    from recurlen.tasks.config import TaskExperimentConfig
+
+    return TaskExperimentConfig if command in (*TASK_COMMANDS, "config") else ExperimentConfig
+
+
 def _experiment(w: Words, command: str, default: str = "finetune"):
     from recurlen.experiment.compose import load_experiment
     from recurlen.plan import experiment_plan
@@ -55,8 +66,8 @@ def _experiment(w: Words, command: str, default: str = "finetune"):
         positional = w.positional()
         if positional:
             raise UserError(f"{positional[0]!r} is not a key=value override (e.g. model=780m, trainer.max_steps=100)")
-        cfg, resolved = load_experiment(w.words, default_experiment=default)
-        if command in ("passkey", "babilong", "copying") and cfg.task.name != command:
+        cfg, resolved = load_experiment(w.words, default_experiment=default, schema=_schema(command))
+        if command in TASK_COMMANDS and cfg.task.name != command:
             raise UserError(f"`recurlen {command}` runs experiments with task.name={command}; this one has "
                             f"task.name={cfg.task.name!r} (pick experiment={command} or set task.name={command})")
         plan = experiment_plan(cfg, command=command)
@@ -64,12 +75,12 @@ def _experiment(w: Words, command: str, default: str = "finetune"):
 
 
 def cmd_finetune(w: Words) -> int:
-    cfg, resolved, plan = _experiment(w, "finetune")
+    cfg, _, plan = _experiment(w, "finetune")
     if w.dry_run:
         return _dry(plan)
     from recurlen.train import run_finetune
 
-    run_dir = run_finetune(cfg, resolved)
+    run_dir = run_finetune(cfg)
     log.info("run directory: %s (tensorboard --logdir %s)", run_dir, run_dir)
     return 0
 
@@ -80,7 +91,7 @@ def cmd_config(w: Words) -> int:
     from recurlen.experiment.compose import compose, to_object
 
     with user_input():
-        cfg = compose(w.words)
+        cfg = compose(w.words, schema=_schema("config"))
         to_object(cfg)  # validate before printing
     _out(OmegaConf.to_yaml(cfg, resolve=True))
     return 0
@@ -100,12 +111,12 @@ def cmd_fit_noise(w: Words) -> int:
 
 def _task(name: str) -> Callable[[Words], int]:
     def run(w: Words) -> int:
-        cfg, resolved, plan = _experiment(w, name, default=name)
+        cfg, _, plan = _experiment(w, name, default=name)
         if w.dry_run:
             return _dry(plan)
         from recurlen.tasks.runner import run_task
 
-        log.info("%s done: %s", name, run_task(cfg, resolved))
+        log.info("%s done: %s", name, run_task(cfg))
         return 0
 
     return run
@@ -247,10 +258,11 @@ def cmd_generate(w: Words) -> int:
 def _experiment_help(command: str, default: str) -> Callable[[Words], str]:
     def render(w: Words) -> str:
         from recurlen.experiment.compose import available, compose
-        from recurlen.experiment.schema import GROUPS, ExperimentConfig
+        from recurlen.experiment.schema import GROUPS
 
+        schema = _schema(command)
         try:
-            cfg, note = compose(w.words, default_experiment=default), "this experiment's value"
+            cfg, note = compose(w.words, default_experiment=default, schema=schema), "this experiment's value"
         except (ValueError, FileNotFoundError) as err:
             cfg, note = None, f"defaults; the given overrides do not compose: {one_line(err)}"
         chosen = {g: str(cfg[g].get("name", "")) for g in GROUPS} if cfg is not None else {}
@@ -262,7 +274,7 @@ def _experiment_help(command: str, default: str) -> Callable[[Words], str]:
               f"{', '.join(available(pipelines=False))}", []),
              ("groups (GROUP=CHOICE loads experiments/GROUP/CHOICE.yaml; the experiment's values, then "
               "KEY=VALUE overrides, go on top):", groups),
-             (f"settings (KEY=VALUE; shown: type = {note}):", settings_help(ExperimentConfig, cfg))],
+             (f"settings (KEY=VALUE; shown: type = {note}):", settings_help(schema, cfg))],
             COMMANDS[command].path_flags)
 
     return render

@@ -209,9 +209,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "2.7b": dict(d_model=2560, n_layer=64, **_OFFICIAL),
 }
 
-OFFICIAL_HUB_IDS = {name: f"state-spaces/mamba2-{name}" for name in ("130m", "370m", "780m", "1.3b", "2.7b")}
-
-
 def preset(name: str, **overrides: Any) -> Mamba2Config:
     """A named model shape, optionally with fields overridden."""
     if name not in PRESETS:
@@ -219,4 +216,4 @@ def preset(name: str, **overrides: Any) -> Mamba2Config:
     return Mamba2Config(**{**PRESETS[name], **overrides})
 
 
-__all__ = ["BACKENDS", "Mamba2Config", "OFFICIAL_HUB_IDS", "PRESETS", "preset"]
+__all__ = ["BACKENDS", "Mamba2Config", "PRESETS", "preset"]

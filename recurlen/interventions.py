@@ -10,17 +10,25 @@ Ordered by how realistic the initial state is (Buitrago Ruiz & Gu, 2025):
 
 Noise and reset draws come from generators seeded by (seed, step, rank): a resumed run draws exactly
 what the uninterrupted run drew, without saving any RNG state.
+Each intervention owns what it remembers between steps (carried lane states, fitted statistics) and
+saves it into the checkpoint itself.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn as nn
+from lightning.pytorch.utilities import rank_zero_warn
 
 from recurlen.files import save_torch
 from recurlen.layered_state import LayeredState
+
+log = logging.getLogger(__name__)
 
 INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
 LAYOUT_FOR = {"none": "independent", "random_noise": "independent", "fitted_noise": "independent",
@@ -142,42 +150,142 @@ class Accumulator:
         return FittedNoiseStats(mean.float().cpu(), var.sqrt().float().cpu(), num_states, seq_len)
 
 
-class Intervention:
-    """Decides each lane's initial state. Stateless except for what the LightningModule carries."""
+@dataclass
+class Ranks:
+    """How an intervention reaches the other ranks of a run (a single process: rank 0 of 1, no communication)."""
 
-    def __init__(self, cfg: InterventionConfig, *, seed: int) -> None:
+    rank: int = 0
+    world_size: int = 1
+    all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """tensor -> (world_size, *tensor.shape), every rank's tensor; called on every rank at once."""
+    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """tensor -> the sum of every rank's tensor; called on every rank at once."""
+
+
+class Intervention:
+    """Decides each lane's initial state at each step, and owns whatever it remembers between steps.
+
+    The LightningModule calls, in a run:
+      setup(...)           once before the first step (fitted noise fits or loads its statistics)
+      initial_state(...)   each step: the state every lane of the batch starts from
+      observe(...)         each step: the batch's final states (state passing keeps them)
+      state_dict(ranks) / load_state_dict(d, ranks)   into / out of every checkpoint, all ranks together
+    """
+
+    passes_state = False
+    """True when the final states of one step become the next step's initial states."""
+
+    def __init__(self, cfg: InterventionConfig, *, seed: int, zero_state: LayeredState) -> None:
         self.cfg = cfg
         self.seed = seed
+        self.zero_state = zero_state
+        """A one-lane zero state of the model (on the CPU): its state type, parts and groups."""
 
     @property
-    def passes_state(self) -> bool:
-        return self.cfg.name in ("state_passing", "tbptt")
+    def name(self) -> str:
+        return self.cfg.name
 
-    def initial_state(self, *, zeros: LayeredState, carried: LayeredState | None, new_stream_B: torch.Tensor,
-                      step: int, rank: int, fitted: FittedNoiseStats | None) -> LayeredState:
-        name, device = self.cfg.name, zeros.device
-        if name == "none":
+    def setup(self, model: nn.Module, batches: Callable[[int], dict], *, ranks: Ranks, seq_len: int) -> None:
+        """Before the first training step; `batches(step)` gives the training batch of a step."""
+
+    def initial_state(self, *, zeros: LayeredState, lanes_B: torch.Tensor, new_stream_B: torch.Tensor, step: int,
+                      rank: int) -> LayeredState:
+        return zeros
+
+    def observe(self, final: LayeredState, lanes_B: torch.Tensor) -> None:
+        """The final states of the step's lanes (with their autograd graph; keep only detached copies)."""
+
+    def state_dict(self, ranks: Ranks) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict, ranks: Ranks) -> None:
+        """Restore from state_dict(); every rank takes back what belongs to it."""
+
+
+class RandomNoise(Intervention):
+    """i.i.d. N(0, noise_std^2) on the state's recurrent part; the other parts (conv windows) start from zeros."""
+
+    def noise(self, eps: torch.Tensor, zeros: LayeredState, part: str) -> torch.Tensor:
+        return eps * self.cfg.noise_std
+
+    def initial_state(self, *, zeros: LayeredState, lanes_B: torch.Tensor, new_stream_B: torch.Tensor, step: int,
+                      rank: int) -> LayeredState:
+        device, part = zeros.device, noise_part(zeros)
+        g = step_generator(self.seed, step, rank, stream=1, device=device)
+        eps = torch.randn(getattr(zeros, part).shape, generator=g, device=device, dtype=torch.float32)
+        noise = self.noise(eps, zeros, part)
+        return zeros._map(lambda n, t: noise if n == part else t)
+
+
+class FittedNoise(RandomNoise):
+    """N(mean, std^2) per (layer, group) of the state type (Mamba-2 / GLA: head, Mamba-1: layer), fitted on
+    the final states of training sequences run from zeros."""
+
+    def __init__(self, cfg: InterventionConfig, *, seed: int, zero_state: LayeredState) -> None:
+        super().__init__(cfg, seed=seed, zero_state=zero_state)
+        self.stats: FittedNoiseStats | None = None
+
+    def set_stats(self, stats: FittedNoiseStats) -> None:
+        stats.check_state(self.zero_state)
+        self.stats = stats
+
+    def setup(self, model: nn.Module, batches: Callable[[int], dict], *, ranks: Ranks, seq_len: int) -> None:
+        if self.stats is not None:  # restored from a checkpoint
+            return
+        if self.cfg.fit_stats:
+            self.set_stats(FittedNoiseStats.load(self.cfg.fit_stats))
+            return
+        n = self.cfg.fit_batches
+        stats = fit_noise_stats(model, (batches(step) for step in range(n)), num_batches=n, seq_len=seq_len,
+                                ranks=ranks)
+        self.set_stats(stats)
+        log.info("fitted noise on the final states of %d sequences: mean |mu| %.3g, mean sigma %.3g", stats.num_states,
+                 stats.mean_KH.abs().mean().item(), stats.std_KH.mean().item())
+
+    def noise(self, eps: torch.Tensor, zeros: LayeredState, part: str) -> torch.Tensor:
+        if self.stats is None:
+            raise ValueError("fitted_noise has no statistics; fit them first (`recurlen fit-noise`) or let "
+                             "training fit them at start")
+        # (K, G) statistics broadcast over lanes and over the entries inside each group.
+        shape, groups = eps.shape, zeros.GROUP_DIMS.get(part, 0)
+        view = (shape[0], 1, *shape[2:2 + groups], *([1] * (len(shape) - 2 - groups)))
+        return self.stats.mean_KH.to(eps.device).view(view) + self.stats.std_KH.to(eps.device).view(view) * eps
+
+    def state_dict(self, ranks: Ranks) -> dict:
+        return {"fitted_noise": None if self.stats is None else self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict, ranks: Ranks) -> None:
+        if state.get("fitted_noise") is not None:
+            self.set_stats(FittedNoiseStats.from_state_dict(state["fitted_noise"]))
+
+
+class StatePassing(Intervention):
+    """Each lane starts from its own final state of the previous step, detached (the gradient stops there).
+
+    state_passing: the lane's previous batch is an unrelated sequence, so stream boundaries are ignored.
+    tbptt: the lane's data continues its document (contiguous layout), so this is truncated backprop
+    through time; a lane whose stream restarts starts from zeros.
+    The carried states live on this rank (plain tensors, not buffers: DDP must not broadcast them, each
+    rank owns other lanes); checkpoints gather every rank's lanes and each rank takes its own back.
+    """
+
+    passes_state = True
+
+    def __init__(self, cfg: InterventionConfig, *, seed: int, zero_state: LayeredState) -> None:
+        super().__init__(cfg, seed=seed, zero_state=zero_state)
+        self.carried: LayeredState | None = None
+        self.carried_lanes: torch.Tensor | None = None
+
+    def initial_state(self, *, zeros: LayeredState, lanes_B: torch.Tensor, new_stream_B: torch.Tensor, step: int,
+                      rank: int) -> LayeredState:
+        device = zeros.device
+        if self.carried is None:
             return zeros
-        if name in ("random_noise", "fitted_noise"):
-            part = noise_part(zeros)
-            shape = getattr(zeros, part).shape  # (K, B, *groups, *rest)
-            g = step_generator(self.seed, step, rank, stream=1, device=device)
-            eps = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
-            if name == "random_noise":
-                noise = eps * self.cfg.noise_std
-            else:
-                if fitted is None:
-                    raise ValueError("fitted_noise has no statistics; fit them first (`recurlen fit-noise`) or let "
-                                     "training fit them at start")
-                # (K, G) statistics broadcast over lanes and over the entries inside each group.
-                groups = zeros.GROUP_DIMS.get(part, 0)
-                view = (shape[0], 1, *shape[2:2 + groups], *([1] * (len(shape) - 2 - groups)))
-                noise = fitted.mean_KH.to(device).view(view) + fitted.std_KH.to(device).view(view) * eps
-            return zeros._map(lambda n, t: noise if n == part else t)
-        # state_passing / tbptt
-        if carried is None:
-            return zeros
-        state = carried.detach()  # the gradient stops at the step boundary
+        if self.carried.device != device:  # restored from a checkpoint before the model moved
+            self.carried = self.carried.to(device)
+        assert self.carried_lanes is not None and torch.equal(self.carried_lanes, lanes_B.cpu()), \
+            "carried states belong to other lanes than this batch's"
+        state = self.carried.detach()  # the gradient stops at the step boundary
         if not self.cfg.pass_conv:
             state = state.recurrent_only()
         # In TBTT a lane whose stream restarts must not inherit the old stream's state. State passing
@@ -191,3 +299,83 @@ class Intervention:
             draw_B = torch.rand(zeros.batch_size, generator=g, device=device)
             reset_B = reset_B | (draw_B < self.cfg.reset_prob)
         return state.reset(reset_B)
+
+    def observe(self, final: LayeredState, lanes_B: torch.Tensor) -> None:
+        self.carried = final.detach()
+        self.carried_lanes = lanes_B.detach().cpu()
+
+    def state_dict(self, ranks: Ranks) -> dict:
+        """Every rank's carried lanes, in rank order (every rank must call this: it gathers)."""
+        if self.carried is None:
+            return {"carried": None}
+        state, lanes = self.carried, self.carried_lanes.to(self.carried.device)
+        if ranks.world_size > 1:
+            # all_gather stacks a leading rank dim; lanes are dim 1 of every part of a state.
+            state = type(state).from_state_dict({n: ranks.all_gather(t.transpose(0, 1).contiguous()).flatten(0, 1)
+                                                 .transpose(0, 1) for n, t in state.parts().items()})
+            lanes = ranks.all_gather(lanes).flatten(0, 1)
+        # The state type's own state_dict: its parts by name (Mamba-2 / Mamba-1: ssm, conv; GLA: kv, conv).
+        return {"carried": {"state": state.state_dict(), "lanes": lanes.cpu(), "world_size": ranks.world_size}}
+
+    def load_state_dict(self, state: dict, ranks: Ranks) -> None:
+        carried = state.get("carried")
+        self.carried, self.carried_lanes = None, None
+        if carried is None:
+            return
+        if carried["world_size"] != ranks.world_size:
+            rank_zero_warn(f"the checkpoint carried lane states for world size {carried['world_size']} but this run "
+                           f"has {ranks.world_size}; lanes cannot be mapped, so every lane restarts from a zero state")
+            return
+        per_rank = carried["lanes"].shape[0] // ranks.world_size
+        rows = slice(ranks.rank * per_rank, (ranks.rank + 1) * per_rank)
+        cls = type(self.zero_state)
+        self.carried = cls.from_state_dict({n: t[:, rows] for n, t in carried["state"].items()})
+        self.carried_lanes = carried["lanes"][rows].clone()
+
+
+KINDS: dict[str, type[Intervention]] = {"none": Intervention, "random_noise": RandomNoise,
+                                        "fitted_noise": FittedNoise, "state_passing": StatePassing,
+                                        "tbptt": StatePassing}
+
+
+def build_intervention(cfg: InterventionConfig, *, seed: int, zero_state: LayeredState) -> Intervention:
+    """The intervention of cfg for a model whose one-lane zero state (on the CPU) is zero_state."""
+    return KINDS[cfg.name](cfg, seed=seed, zero_state=zero_state)
+
+
+def legacy_state(meta: dict) -> dict:
+    """The intervention state of a checkpoint written before interventions owned their state (a hand-built
+    carried dict and the fitted statistics side by side in the run metadata), in today's layout."""
+    carried = meta.get("carried")
+    if carried is not None:  # the state's parts by name next to lanes and world_size
+        carried = {"state": {n: t for n, t in carried.items() if n not in ("lanes", "world_size")},
+                   "lanes": carried["lanes"], "world_size": carried["world_size"]}
+    return {"fitted_noise": meta.get("fitted_noise"), "carried": carried}
+
+
+@torch.no_grad()
+def fit_noise_stats(model: nn.Module, batches: Iterable[dict], *, num_batches: int, seq_len: int,
+                    ranks: Ranks | None = None) -> FittedNoiseStats:
+    """Per (layer, head) Gaussian of the final states of training sequences run from zeros (all ranks pooled)."""
+    ranks = ranks or Ranks()
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    acc = Accumulator()
+    sequences = 0
+    try:
+        for n, batch in enumerate(batches, start=1):
+            _, final = model.forward_hidden(batch["input_ids"].to(device))
+            acc.add(final)
+            sequences += batch["input_ids"].shape[0]
+            if n >= num_batches:
+                break
+    finally:
+        model.train(was_training)
+    if acc.sum_KH is None:
+        raise ValueError("fitting the noise got no training batches")
+    if ranks.world_size > 1:
+        packed = ranks.all_reduce_sum(torch.stack([acc.sum_KH, acc.sumsq_KH]).to(device))
+        count = ranks.all_reduce_sum(torch.tensor(float(acc.count), device=device))
+        acc.sum_KH, acc.sumsq_KH, acc.count = packed[0], packed[1], int(count.item())
+    return acc.stats(num_states=sequences * ranks.world_size, seq_len=seq_len)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from recurlen import arch
 from recurlen.errors import UserError
-from recurlen.runs import CHECKPOINTS_DIR, LAST_CHECKPOINT
+from recurlen.runs import CHECKPOINTS_DIR, LAST_CHECKPOINT, RunDir
 
 RUN_CHECKPOINT = Path(CHECKPOINTS_DIR) / LAST_CHECKPOINT
 
@@ -89,15 +89,18 @@ def describe_data(data) -> str:
 
 def experiment_plan(cfg, *, command: str) -> list[str]:
     """Resolve an experiment's inputs (UserError for a missing local one) and describe the run."""
-    run_dir = Path(cfg.resolved_run_dir)
-    if cfg.resume not in ("auto", "never"):
-        if not Path(cfg.resume).is_file():
-            raise UserError(f"resume={cfg.resume!r}: no such checkpoint file (use 'auto', 'never' or a .ckpt path)")
-        resume = f"from {cfg.resume}"
-    elif cfg.resume == "auto" and any((run_dir / "checkpoints").glob("*.ckpt")):
-        resume = f"resumes from the newest checkpoint in {run_dir / 'checkpoints'}"
-    else:
+    run = RunDir(cfg.resolved_run_dir)
+    run_dir = run.path
+    try:
+        ckpt = run.resume_checkpoint(cfg.resume)
+    except FileNotFoundError as err:
+        raise UserError(str(err)) from err
+    if ckpt is None:
         resume = "starts fresh"
+    elif cfg.resume == "auto":
+        resume = f"resumes from the newest checkpoint, {ckpt}"
+    else:
+        resume = f"from {cfg.resume}"
     model = (describe_checkpoint(cfg.model.pretrained) if cfg.model.pretrained
              else f"new {cfg.model.name}: {arch.get(cfg.model.architecture).describe(cfg.model.config)}")
     t = cfg.trainer
@@ -110,9 +113,10 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
              f"intervention {iv.name}" + (f" (reset_prob {iv.reset_prob})" if iv.name in ("state_passing", "tbptt")
                                           else ""),
              f"training     {t.max_steps} steps, lr {cfg.optim.lr:g}, {devices}"]
-    if cfg.task.name:
-        lines.append(f"task         {cfg.task.name} (train: {str(cfg.task.train).lower()}), lengths "
-                     f"{list(getattr(cfg.task, 'lengths', []) or [])}")
+    task = getattr(cfg, "task", None)  # task experiments only
+    if task is not None and task.name:
+        lines.append(f"task         {task.name} (train: {str(task.train).lower()}), lengths "
+                     f"{list(task.lengths or [])}")
     return [f"recurlen {command}: plan"] + [f"  {line}" for line in lines]
 
 

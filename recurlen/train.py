@@ -6,6 +6,7 @@ What the run directory holds, and how a run resumes, is `recurlen.runs`'s busine
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
@@ -19,8 +20,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from recurlen import arch
 from recurlen.arch import RecurrentLM
 from recurlen.data.datamodule import RecurlenDataModule
+from recurlen.experiment.compose import resolved_config
 from recurlen.experiment.schema import ExperimentConfig
 from recurlen.files import save_torch, write_json
+from recurlen.interventions import FittedNoise, fit_noise_stats
 from recurlen.lit_module import RecurlenModule
 from recurlen.runs import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
 
@@ -83,15 +86,6 @@ class RankSummary(Callback):
         write_json(self.run.rank_summary(trainer.global_rank), summary)
 
 
-def build_datamodule(cfg: ExperimentConfig) -> L.LightningDataModule:
-    """The corpus DataModule, or a task's (passkey / babilong / copying) when `task.name` is set."""
-    if cfg.task.name:
-        from recurlen.tasks.datamodules import build_task_datamodule
-
-        return build_task_datamodule(cfg)
-    return RecurlenDataModule(cfg.data)
-
-
 def build_model(cfg: ExperimentConfig) -> RecurrentLM:
     if cfg.model.pretrained:
         loaded = load_model(cfg.model.pretrained, backend=cfg.model.backend)
@@ -141,31 +135,57 @@ def _save_config(run: RunDir, resolved: dict) -> None:
     run.save_config(resolved)
 
 
-def diagnostics_callbacks(cfg: ExperimentConfig) -> list[Callback]:
-    from recurlen.diagnostics import build_callbacks
+def diagnostics_callbacks(cfg: ExperimentConfig, datamodule: L.LightningDataModule) -> list[Callback]:
+    """The validation diagnostics that cfg.diagnostics asks for, on the DataModule's long held-out sequences.
 
-    return build_callbacks(cfg)
+    None when the DataModule has no long held-out documents (or the config keeps none): then what the run
+    learned past its context is measured by whoever owns that data (a task's own evaluation)."""
+    from callbacks import EffectiveRemembrance, PositionwisePerplexity, StateNormMonitor
+
+    if not callable(getattr(datamodule, "long_validation_sequences", None)) or cfg.data.val_sequences == 0:
+        return []
+    d, T = cfg.diagnostics, cfg.data.seq_len
+    common = dict(num_sequences=d.num_sequences, chunk_len=d.chunk_len, every_n_val_epochs=d.every_n_val)
+    out: list[Callback] = []
+    if d.positionwise:
+        out.append(PositionwisePerplexity(bins=d.bins, **common))
+    if d.state_norm:
+        out.append(StateNormMonitor(**common))
+    if d.effrem:
+        out.append(EffectiveRemembrance(context_len=d.effrem_T_factor * T, num_points=d.effrem_points, **common))
+    return out
 
 
-def run_finetune(cfg: ExperimentConfig, resolved: dict) -> Path:
+def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | None = None,
+                 callbacks: Sequence[Callback] = ()) -> Path:
+    """Train cfg's model with its intervention in cfg's run directory (resuming it when it holds a checkpoint).
+
+    datamodule: the training data; by default the corpus DataModule of cfg.data. Any DataModule with the
+    same batch contract works (a task passes its own). callbacks: added to the run's own (checkpoints, rank
+    summaries, and the diagnostics of cfg.diagnostics when the DataModule has long held-out sequences).
+    Returns the run directory.
+    """
     run = RunDir(cfg.resolved_run_dir)
+    resolved = resolved_config(cfg)
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule = build_datamodule(cfg)
+    if datamodule is None:
+        datamodule = RecurlenDataModule(cfg.data)
     model = build_model(cfg)
     datamodule.check_model_vocab(model.config.vocab_size)
     module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
                             train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
                             total_steps=cfg.trainer.max_steps, hparams=resolved)
-    trainer = build_trainer(cfg, run, diagnostics_callbacks(cfg))
+    trainer = build_trainer(cfg, run, [*diagnostics_callbacks(cfg, datamodule), *callbacks])
     ckpt_path = run.resume_checkpoint(cfg.resume)
     if ckpt_path:
         rank_zero_info(f"resuming from {ckpt_path}")
     _save_config(run, resolved)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    if module.fitted is not None and trainer.is_global_zero:
-        module.fitted.save(str(run.fitted_noise))
+    fitted = module.intervention
+    if isinstance(fitted, FittedNoise) and fitted.stats is not None and trainer.is_global_zero:
+        fitted.stats.save(str(run.fitted_noise))
     _close_process_group(trainer)
     return run.path
 
@@ -187,10 +207,8 @@ def run_fit_noise(cfg: ExperimentConfig, out: str | Path | None = None):
     dm.setup("fit")
     model = build_model(cfg)
     dm.check_model_vocab(model.config.vocab_size)
-    module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
-                            train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer, total_steps=1)
     n = cfg.intervention.fit_batches
-    stats = module.fit_noise((dm.train_batch(s) for s in range(n)), num_batches=n)
+    stats = fit_noise_stats(model, (dm.train_batch(s) for s in range(n)), num_batches=n, seq_len=cfg.data.seq_len)
     path = Path(out) if out else RunDir(cfg.resolved_run_dir).fitted_noise
     stats.save(str(path))
     return path, stats

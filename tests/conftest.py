@@ -11,13 +11,13 @@ torch.set_num_threads(1)
 @pytest.fixture
 def run_tiny_task(tmp_path):
     """`recurlen <task>` on the nano model with quick trainer settings, in tmp_path/run -> results.json path."""
-    from recurlen.experiment.compose import load_experiment
+    from recurlen.tasks.config import load_task_experiment
     from recurlen.tasks.runner import run_task
 
     def run(task: str, *overrides: str):
-        cfg, resolved = load_experiment([
+        cfg = load_task_experiment([
             f"experiment={task}", "model=nano", "trainer.progress_bar=false", "trainer.num_threads=1",
             "trainer.limit_val_batches=1", "task.val_batches=1", f"run_dir={tmp_path}/run", *overrides])
-        return run_task(cfg, resolved)
+        return run_task(cfg)
 
     return run

@@ -46,8 +46,8 @@ def _check_disjoint_lanes(run_dir: Path, world: int, per_rank: int) -> None:
     assert set().union(*lanes) == set(range(world * per_rank))  # disjoint and covering
     assert all(s["global_step"] == 4 for s in summaries)
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    carried = ckpt[RUN_META_KEY]["carried"]
-    assert carried["world_size"] == world and carried["ssm"].shape[1] == world * per_rank
+    carried = ckpt[RUN_META_KEY]["intervention_state"]["carried"]
+    assert carried["world_size"] == world and carried["state"]["ssm"].shape[1] == world * per_rank
     assert carried["lanes"].tolist() == list(range(world * per_rank))  # gathered from every rank, in lane order
 
 

@@ -2,18 +2,100 @@
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from recurlen import Mamba2LM
 from recurlen.config import PRESETS, Mamba2Config
-from recurlen.experiment.compose import available, compose, load_experiment, to_object
-from recurlen.experiment.schema import GROUPS
+from recurlen.experiment.compose import available, compose, experiments_dir, load_experiment, to_object
+from recurlen.experiment.schema import GROUPS, ExperimentConfig
+from recurlen.tasks.config import TaskExperimentConfig
+
+
+def _leaves(node, prefix=""):
+    """Dotted key -> value of every leaf of a YAML mapping (lists compared whole)."""
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _get(resolved, dotted):
+    for key in dotted.split("."):
+        resolved = resolved[key]
+    return list(resolved) if isinstance(resolved, tuple) else resolved
+
+
+def _yaml(path):
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
+def _own_values(name):
+    """What experiments/<name>.yaml states itself, over what its `base` chain states."""
+    raw = _yaml(experiments_dir() / f"{name}.yaml")
+    defaults, values = raw.pop("defaults", {}), {}
+    if "base" in raw:
+        base_defaults, values = _own_values(raw.pop("base"))
+        defaults = {**base_defaults, **defaults}
+    return defaults, {**values, **_leaves(raw)}
 
 
 @pytest.mark.parametrize("experiment", available(pipelines=False))
-def test_every_experiment_composes(experiment):
-    cfg, resolved = load_experiment([f"experiment={experiment}"])
-    assert resolved["name"]
-    assert cfg.trainer.max_steps >= 1
+def test_every_experiment_composes_to_what_its_file_says(experiment):
+    defaults, values = _own_values(experiment)
+    schema = TaskExperimentConfig if "task.name" in values else ExperimentConfig
+    cfg, resolved = load_experiment([f"experiment={experiment}"], schema=schema)
+    assert isinstance(cfg, schema) and resolved["name"] == experiment
+    for group, choice in defaults.items():
+        group_file = _leaves(_yaml(experiments_dir() / group / f"{choice}.yaml"))
+        for key, value in group_file.items():
+            if f"{group}.{key}" not in values:  # the experiment's own value wins over its group file's
+                assert _get(resolved, f"{group}.{key}") == value, (group, key)
+    assert values, experiment
+    for key, value in values.items():
+        assert _get(resolved, key) == value, key
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_group_choice_composes_to_its_file(group):
+    choices = available(group)
+    assert choices, f"experiments/{group}/ has no choices"
+    for choice in choices:
+        cfg, resolved = load_experiment([f"{group}={choice}"])
+        own = _leaves(_yaml(experiments_dir() / group / f"{choice}.yaml"))
+        assert own, (group, choice)
+        _, experiment_values = _own_values("finetune")
+        for key, value in own.items():
+            if f"{group}.{key}" not in experiment_values and not (group == "data" and key == "layout"):
+                assert _get(resolved, f"{group}.{key}") == value, (group, choice, key)
+
+
+def test_experiments_inherit_from_experiments(tmp_path):
+    for group, choice in (("model", "nano"), ("intervention", "none"), ("intervention", "tbptt"),
+                          ("data", "embedded"), ("trainer", "cpu")):
+        (tmp_path / group).mkdir(exist_ok=True)
+        (tmp_path / group / f"{choice}.yaml").write_text((experiments_dir() / group / f"{choice}.yaml").read_text())
+    (tmp_path / "a.yaml").write_text("defaults: {model: nano, intervention: none, data: embedded}\n"
+                                     "optim: {lr: 0.1, warmup_steps: 7}\ntrainer: {max_steps: 9}\n")
+    (tmp_path / "b.yaml").write_text("base: a\ndefaults: {intervention: tbptt}\noptim: {lr: 0.2}\n")
+    (tmp_path / "c.yaml").write_text("base: b\ntrainer: {max_steps: 11}\n")
+    c = to_object(compose(["experiment=c"], root=tmp_path))
+    assert (c.name, c.optim.lr, c.optim.warmup_steps, c.trainer.max_steps) == ("c", 0.2, 7, 11)
+    assert (c.intervention.name, c.model.name, c.data.layout) == ("tbptt", "nano", "contiguous")
+    (tmp_path / "a.yaml").write_text("base: c\n")
+    with pytest.raises(ValueError, match=r"c -> b -> a -> c: `base` goes round in a circle"):
+        compose(["experiment=c"], root=tmp_path)
+    (tmp_path / "d.yaml").write_text("base: nowhere\n")
+    with pytest.raises(ValueError, match=r"unknown experiment 'nowhere'"):
+        compose(["experiment=d"], root=tmp_path)
+
+
+def test_task_experiments_need_the_task_schema():
+    with pytest.raises(ValueError, match=r"sections \['task'\] are not part of this kind of experiment"):
+        load_experiment(["experiment=passkey"])
+    assert load_experiment(["experiment=passkey"], schema=TaskExperimentConfig)[0].task.name == "passkey"
 
 
 def test_pipelines_load_and_refuse_single_run_composition():
@@ -28,16 +110,8 @@ def test_pipelines_load_and_refuse_single_run_composition():
         load_demo_config(["eval.lenght=3"])
 
 
-@pytest.mark.parametrize("group", GROUPS)
-def test_every_group_choice_composes(group):
-    for choice in available(group):
-        cfg, _ = load_experiment([f"{group}={choice}"])
-        if group == "model":
-            assert cfg.model.name == choice
-
-
 @pytest.mark.parametrize("name", sorted(PRESETS))
-def test_model_yaml_matches_python_preset(name):
+def test_model_group_takes_its_shape_from_the_preset(name):
     cfg, _ = load_experiment([f"model={name}"])
     assert cfg.model.config == Mamba2Config(**PRESETS[name])
 
@@ -99,5 +173,6 @@ def test_default_run_dirs_keep_models_and_interventions_apart():
     assert dirs == {"runs/finetune/tiny-tbptt", "runs/finetune/tiny-state_passing",
                     "runs/finetune/780m-tbptt", "runs/finetune/780m-state_passing"}
     assert load_experiment(["run_dir=runs/mine"])[0].resolved_run_dir == "runs/mine"
-    assert load_experiment(["experiment=passkey"])[0].resolved_run_dir == "runs/passkey/tiny-fitted_noise"
-    assert load_experiment(["experiment=copying"])[0].resolved_run_dir == "runs/copying/tiny"
+    task = TaskExperimentConfig
+    assert load_experiment(["experiment=passkey"], schema=task)[0].resolved_run_dir == "runs/passkey/tiny-fitted_noise"
+    assert load_experiment(["experiment=copying"], schema=task)[0].resolved_run_dir == "runs/copying/tiny"

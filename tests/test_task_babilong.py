@@ -151,16 +151,16 @@ def test_generator_bad_inputs():
 
 
 def test_config_rejects_unknown_and_ungeneratable_tasks():
-    from recurlen.experiment.compose import load_experiment
+    from recurlen.tasks.config import load_task_experiment
 
     with pytest.raises(ValueError, match="task.babilong.tasks has 'qa0', which does not exist"):
-        load_experiment(["experiment=babilong", "task.babilong.tasks=[qa0]"])
+        load_task_experiment(["experiment=babilong", "task.babilong.tasks=[qa0]"])
     with pytest.raises(ValueError, match=r"tasks \['qa5'\] cannot be generated offline"):
-        load_experiment(["experiment=babilong", "task.babilong.tasks=[qa1,qa5]"])
+        load_task_experiment(["experiment=babilong", "task.babilong.tasks=[qa1,qa5]"])
     with pytest.raises(ValueError, match=r"num_facts=2 is too few for generated \['qa1', 'qa3'\] stories; need >= 3"):
-        load_experiment(["experiment=babilong", "task.babilong.tasks=[qa1,qa3]", "task.babilong.num_facts=2"])
+        load_task_experiment(["experiment=babilong", "task.babilong.tasks=[qa1,qa3]", "task.babilong.num_facts=2"])
     with pytest.raises(ValueError, match=r"task.name='babylon' is unknown; allowed: \['passkey', 'babilong', 'copy"):
-        load_experiment(["experiment=babilong", "task.name=babylon"])
+        load_task_experiment(["experiment=babilong", "task.name=babylon"])
 
 
 def test_training_examples_fit_the_context_and_score_the_answer():

@@ -177,12 +177,12 @@ def test_summary_mean_and_sample_std_over_seeds():
 
 
 def test_config_and_tokenizer_errors(tmp_path):
-    from recurlen.experiment.compose import load_experiment
+    from recurlen.tasks.config import load_task_experiment
 
     with pytest.raises(ValueError, match=r"interventions has 'tbptt'; allowed: \['none', 'random_noise'"):
-        load_experiment(["experiment=copying", "task.copying.interventions=[none,tbptt]"])
+        load_task_experiment(["experiment=copying", "task.copying.interventions=[none,tbptt]"])
     with pytest.raises(ValueError, match="min_length=9 exceeds length=8"):
-        load_experiment(["experiment=copying", "task.copying.min_length=9"])
+        load_task_experiment(["experiment=copying", "task.copying.min_length=9"])
     with pytest.raises(ValueError, match="alphabet_size=40 is not allowed; need 2..26"):
         CopyingConfig(alphabet_size=40)
     with pytest.raises(ValueError, match="start / separator / end / pad must differ"):
@@ -229,6 +229,7 @@ def test_tiny_copying_sweep_trains_each_intervention_through_the_normal_path(tmp
         ckpt = torch.load(tmp_path / "run" / name / "seed0" / "checkpoints" / "last.ckpt", weights_only=True)
         meta = ckpt[RUN_META_KEY]
         assert meta["intervention"] == name and ckpt["global_step"] == 3
-        assert (meta["carried"] is not None) == carries
+        carried = meta["intervention_state"].get("carried")
+        assert (carried is not None) == carries
         if carries:
-            assert meta["carried"]["ssm"].abs().sum() > 0 and meta["carried"]["ssm"].shape[1] == 4
+            assert carried["state"]["ssm"].abs().sum() > 0 and carried["state"]["ssm"].shape[1] == 4

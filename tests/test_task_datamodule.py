@@ -5,12 +5,12 @@ import itertools
 import pytest
 import torch
 
-from recurlen.experiment.compose import load_experiment
+from recurlen.tasks.config import load_task_experiment
 from recurlen.tasks.datamodules import TaskDataModule, build_task_datamodule, example_fn
 
 
 def _cfg(*overrides):
-    cfg, _ = load_experiment(["experiment=copying", "data.batch_size=3", *overrides])
+    cfg = load_task_experiment(["experiment=copying", "data.batch_size=3", *overrides])
     return cfg
 
 
@@ -49,10 +49,10 @@ def test_seed_changes_the_examples_and_loss_on_all_scores_every_real_token():
     a = build_task_datamodule(_cfg()).train_batch(0)
     b = build_task_datamodule(_cfg("seed=1")).train_batch(0)
     assert not torch.equal(a["input_ids"], b["input_ids"])
-    cfg, _ = load_experiment(["experiment=passkey", "data.batch_size=2", "task.passkey.loss_on=all"])
+    cfg = load_task_experiment(["experiment=passkey", "data.batch_size=2", "task.passkey.loss_on=all"])
     batch = build_task_datamodule(cfg).train_batch(0)
     assert batch["loss_mask"].all()  # passkey examples fill the row: no padding to leave out
-    cfg, _ = load_experiment(["experiment=passkey", "data.batch_size=2"])
+    cfg = load_task_experiment(["experiment=passkey", "data.batch_size=2"])
     assert build_task_datamodule(cfg).train_batch(0)["loss_mask"].sum(dim=1).tolist() == [7, 7]
 
 
@@ -60,7 +60,7 @@ def test_bad_settings_fail_when_the_datamodule_is_built():
     with pytest.raises(ValueError, match="data.seq_len=10 is too short for copying strings of length 8"):
         build_task_datamodule(_cfg("data.seq_len=10"))
     with pytest.raises(ValueError, match=r"L=\d+ is too short to hold the key and the question"):
-        cfg, _ = load_experiment(["experiment=passkey", "data.seq_len=64"])
+        cfg = load_task_experiment(["experiment=passkey", "data.seq_len=64"])
         build_task_datamodule(cfg)
     with pytest.raises(ValueError, match="intervention tbptt needs documents that continue from step to step"):
         build_task_datamodule(_cfg("intervention=tbptt"))

@@ -107,10 +107,10 @@ def test_stateful_greedy_equals_full_forward_argmax():
 
 
 def test_passkey_datamodule_rows_and_loss_mask():
-    from recurlen.experiment.compose import load_experiment
+    from recurlen.tasks.config import load_task_experiment
     from recurlen.tasks.datamodules import build_task_datamodule
 
-    cfg, _ = load_experiment(["experiment=passkey", "data.seq_len=300", "data.batch_size=4"])
+    cfg = load_task_experiment(["experiment=passkey", "data.seq_len=300", "data.batch_size=4"])
     dm = build_task_datamodule(cfg)
     b = dm.train_batch(5)
     assert b["input_ids"].shape == (4, 300) and b["loss_mask"].dtype == torch.bool

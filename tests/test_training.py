@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recurlen.experiment.compose import load_experiment
-from recurlen.interventions import INTERVENTIONS, FittedNoiseStats
+from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, build_intervention, fit_noise_stats
 from recurlen.lit_module import RecurlenModule
 from recurlen.runs import RUN_META_KEY, load_model
 from recurlen.state import RecurrentState
@@ -53,19 +53,11 @@ class Recorder(L.Callback):
         self.batches.append({k: v.clone() for k, v in batch.items()})
 
 
-def fit(cfg, resolved, monkeypatch, callbacks=()):
-    """run_finetune with extra callbacks injected (the product path, plus observers)."""
-    import recurlen.train as train
-
-    monkeypatch.setattr(train, "diagnostics_callbacks", lambda cfg: list(callbacks))
-    return run_finetune(cfg, resolved)
-
-
 @pytest.mark.parametrize("name", INTERVENTIONS)
-def test_each_intervention_trains_end_to_end(tmp_path, cache_dir, monkeypatch, name):
-    cfg, resolved = experiment(tmp_path / "run", cache_dir, f"intervention={name}")
+def test_each_intervention_trains_end_to_end(tmp_path, cache_dir, name):
+    cfg, _ = experiment(tmp_path / "run", cache_dir, f"intervention={name}")
     rec = Recorder()
-    run_dir = fit(cfg, resolved, monkeypatch, [rec])
+    run_dir = run_finetune(cfg, callbacks=[rec])
     assert len(rec.losses) == 4 and all(torch.isfinite(torch.tensor(rec.losses)))
     # 4 steps, saving every 100 (the default): only last.ckpt, written at the end, and no last-v1.ckpt.
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
@@ -80,22 +72,23 @@ def test_each_intervention_trains_end_to_end(tmp_path, cache_dir, monkeypatch, n
     if name in ("random_noise", "fitted_noise"):
         assert first.ssm.abs().sum() > 0 and first.conv.abs().sum() == 0
         assert not torch.equal(rec.inits[0].ssm, rec.inits[1].ssm)  # fresh noise every step
+    state = meta["intervention_state"]
     if name == "fitted_noise":
-        assert meta["fitted_noise"]["mean_KH"].shape == (2, 8)
+        assert state["fitted_noise"]["mean_KH"].shape == (2, 8)
         assert (run_dir / "fitted_noise.pt").is_file()
     if name in ("state_passing", "tbptt"):
-        assert meta["carried"]["ssm"].shape == (2, 4, 8, 16, 16)
-        assert torch.equal(meta["carried"]["lanes"], torch.arange(4))
+        assert state["carried"]["state"]["ssm"].shape == (2, 4, 8, 16, 16)  # RecurrentState.state_dict()
+        assert torch.equal(state["carried"]["lanes"], torch.arange(4))
     else:
-        assert meta["carried"] is None
+        assert "carried" not in state
 
 
 @pytest.mark.parametrize("name", ["state_passing", "tbptt"])
-def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, cache_dir, monkeypatch, name):
-    cfg, resolved = experiment(tmp_path / "run", cache_dir, f"intervention={name}", "intervention.reset_prob=0.25",
+def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, cache_dir, name):
+    cfg, _ = experiment(tmp_path / "run", cache_dir, f"intervention={name}", "intervention.reset_prob=0.25",
                                "trainer.max_steps=6")
     rec = Recorder()
-    fit(cfg, resolved, monkeypatch, [rec])
+    run_finetune(cfg, callbacks=[rec])
     assert rec.inits[0].ssm.abs().sum() == 0  # nothing to carry at step 0
     resets = 0
     for k in range(1, 6):
@@ -112,12 +105,12 @@ def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, cache_dir, 
     assert 0 < resets < 20  # reset_prob 0.25 over 20 lane-steps
 
 
-def test_tbptt_lanes_continue_exactly(tmp_path, cache_dir, monkeypatch):
+def test_tbptt_lanes_continue_exactly(tmp_path, cache_dir):
     """Carried state after 2 steps of 16 tokens == the state after one 32-token forward (frozen weights)."""
-    cfg, resolved = experiment(tmp_path / "run", cache_dir, "intervention=tbptt", "intervention.reset_prob=0",
+    cfg, _ = experiment(tmp_path / "run", cache_dir, "intervention=tbptt", "intervention.reset_prob=0",
                                "trainer.max_steps=2", "optim.lr=1e-30", "optim.weight_decay=0", "optim.grad_clip=0")
     rec = Recorder()
-    fit(cfg, resolved, monkeypatch, [rec])
+    run_finetune(cfg, callbacks=[rec])
     b0, b1 = rec.batches
     assert torch.equal(b0["lane"], b1["lane"]) and torch.equal(b0["input_ids"][:, 1:], b0["targets"][:, :-1])
     assert torch.equal(b1["input_ids"][:, 0], b0["targets"][:, -1])  # lane k+1 starts where k ended
@@ -126,9 +119,9 @@ def test_tbptt_lanes_continue_exactly(tmp_path, cache_dir, monkeypatch):
         str(tmp_path / "run" / "checkpoints" / "last.ckpt")).model
     with torch.no_grad():
         _, state = module_model.forward_hidden(torch.cat([b0["input_ids"], b1["input_ids"]], dim=1))
-    carried = ckpt[RUN_META_KEY]["carried"]
-    torch.testing.assert_close(carried["ssm"], state.ssm, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(carried["conv"], state.conv, rtol=1e-5, atol=1e-6)
+    carried = RecurrentState.from_state_dict(ckpt[RUN_META_KEY]["intervention_state"]["carried"]["state"])
+    torch.testing.assert_close(carried.ssm, state.ssm, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(carried.conv, state.conv, rtol=1e-5, atol=1e-6)
 
 
 def test_fitted_noise_statistics_match_the_fitting_data(tmp_path, cache_dir):
@@ -139,16 +132,15 @@ def test_fitted_noise_statistics_match_the_fitting_data(tmp_path, cache_dir):
     dm = RecurlenDataModule(cfg.data)
     dm.setup("fit")
     model = build_model(cfg)
-    module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=0, train_seq_len=16,
-                            tokenizer="bytes", total_steps=1)
-    stats = module.fit_noise((dm.train_batch(s) for s in range(3)), num_batches=3)
+    stats = fit_noise_stats(model, (dm.train_batch(s) for s in range(3)), num_batches=3, seq_len=16)
     finals = [model.forward_hidden(dm.train_batch(s)["input_ids"])[1].ssm for s in range(3)]
     ssm = torch.cat(finals, dim=1)  # (K, 12, H, P, N)
     assert stats.mean_KH.shape == (2, 8) and stats.num_states == 12
     torch.testing.assert_close(stats.mean_KH, ssm.mean(dim=(1, 3, 4)), rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(stats.std_KH, ssm.std(dim=(1, 3, 4), unbiased=False), rtol=1e-3, atol=1e-6)
     with pytest.raises(ValueError, match=r"fitted-noise mean has shape \(3, 8\); this model needs \(2, 8\)"):
-        module.set_fitted_noise(FittedNoiseStats(torch.zeros(3, 8), torch.ones(3, 8)))
+        build_intervention(cfg.intervention, seed=0, zero_state=model.zero_state(1)).set_stats(
+            FittedNoiseStats(torch.zeros(3, 8), torch.ones(3, 8)))
     with pytest.raises(FileNotFoundError, match="fitted-noise statistics file"):
         FittedNoiseStats.load(str(tmp_path / "absent.pt"))
 
@@ -163,21 +155,21 @@ class CrashAfter(L.Callback):
 
 
 @pytest.mark.parametrize("name", ["tbptt", "state_passing", "fitted_noise"])
-def test_resume_after_kill_is_exact(tmp_path, cache_dir, monkeypatch, name):
+def test_resume_after_kill_is_exact(tmp_path, cache_dir, name):
     common = [f"intervention={name}", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=3",
               "trainer.val_every_n_steps=3", "intervention.reset_prob=0.3"]
-    cfg, resolved = experiment(tmp_path / "full", cache_dir, *common)
+    cfg, _ = experiment(tmp_path / "full", cache_dir, *common)
     full = Recorder()
-    fit(cfg, resolved, monkeypatch, [full])
+    run_finetune(cfg, callbacks=[full])
 
-    cfg, resolved = experiment(tmp_path / "killed", cache_dir, *common)
+    cfg, _ = experiment(tmp_path / "killed", cache_dir, *common)
     first = Recorder()
     with pytest.raises((KeyboardInterrupt, SystemExit)):
-        fit(cfg, resolved, monkeypatch, [first, CrashAfter(3)])
+        run_finetune(cfg, callbacks=[first, CrashAfter(3)])
     assert (tmp_path / "killed" / "checkpoints" / "step=000003.ckpt").is_file()
-    cfg, resolved = experiment(tmp_path / "killed", cache_dir, *common)  # resume=auto
+    cfg, _ = experiment(tmp_path / "killed", cache_dir, *common)  # resume=auto
     second = Recorder()
-    fit(cfg, resolved, monkeypatch, [second])
+    run_finetune(cfg, callbacks=[second])
 
     assert first.losses == full.losses[:3]
     assert second.losses == full.losses[3:], (second.losses, full.losses)
@@ -190,27 +182,51 @@ def test_resume_after_kill_is_exact(tmp_path, cache_dir, monkeypatch, name):
     b = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)
     for k in a["state_dict"]:
         assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
-    if a[RUN_META_KEY]["carried"] is not None:
-        assert torch.equal(a[RUN_META_KEY]["carried"]["ssm"], b[RUN_META_KEY]["carried"]["ssm"])
-        assert torch.equal(a[RUN_META_KEY]["carried"]["conv"], b[RUN_META_KEY]["carried"]["conv"])
+    sa, sb = a[RUN_META_KEY]["intervention_state"], b[RUN_META_KEY]["intervention_state"]
+    if sa.get("carried") is not None:
+        for key in ("ssm", "conv"):
+            assert torch.equal(sa["carried"]["state"][key], sb["carried"]["state"][key])
+    if name == "fitted_noise":  # the resumed run kept the statistics it fitted before the kill
+        assert torch.equal(sa["fitted_noise"]["std_KH"], sb["fitted_noise"]["std_KH"])
 
 
-def test_resume_with_other_world_size_warns_and_resets():
+def _tbptt_module():
     from recurlen import Mamba2LM, preset
     from recurlen.interventions import InterventionConfig
     from recurlen.optim import OptimConfig
 
-    module = RecurlenModule(Mamba2LM(preset("nano")), intervention=InterventionConfig(name="tbptt"),
-                            optim=OptimConfig(), seed=0, train_seq_len=16, tokenizer="bytes", total_steps=1)
-    zero = module.model.zero_state(8)
-    ckpt = {RUN_META_KEY: {"carried": {"ssm": zero.ssm, "conv": zero.conv, "lanes": torch.arange(8),
-                                       "world_size": 2}, "fitted_noise": None}}
+    return RecurlenModule(Mamba2LM(preset("nano")), intervention=InterventionConfig(name="tbptt"),
+                          optim=OptimConfig(), seed=0, train_seq_len=16, tokenizer="bytes", total_steps=1)
+
+
+def test_resume_with_other_world_size_warns_and_resets():
+    module = _tbptt_module()
+    state = module.model.zero_state(8)
+    state.ssm.normal_()
+    carried = {"state": state.state_dict(), "lanes": torch.arange(8), "world_size": 2}
+    ckpt = {RUN_META_KEY: {"intervention_state": {"carried": carried}}}
     with pytest.warns(UserWarning, match="world size 2 but this run has 1; lanes cannot be mapped"):
         module.on_load_checkpoint(ckpt)
-    assert module.carried is None
-    ckpt[RUN_META_KEY]["carried"]["world_size"] = 1
+    assert module.intervention.carried is None
+    carried["world_size"] = 1
     module.on_load_checkpoint(ckpt)
-    assert isinstance(module.carried, RecurrentState) and module.carried.batch_size == 8
+    assert torch.equal(module.intervention.carried.ssm, state.ssm)
+    assert torch.equal(module.intervention.carried_lanes, torch.arange(8))
+
+
+def test_checkpoints_written_before_interventions_owned_their_state_still_resume():
+    """The old layout: a hand-built carried dict and the fitted statistics side by side in the run metadata."""
+    module = _tbptt_module()
+    state = module.model.zero_state(8)
+    state.ssm.normal_()
+    old = {RUN_META_KEY: {"carried": {"ssm": state.ssm, "conv": state.conv, "lanes": torch.arange(8),
+                                      "world_size": 1}, "fitted_noise": None}}
+    module.on_load_checkpoint(old)
+    assert isinstance(module.intervention.carried, RecurrentState)
+    assert torch.equal(module.intervention.carried.ssm, state.ssm)
+    saved = {}
+    module.on_save_checkpoint(saved)  # and it is written back in today's layout
+    assert torch.equal(saved[RUN_META_KEY]["intervention_state"]["carried"]["state"]["ssm"], state.ssm)
 
 
 class PoisonAt(L.Callback):
@@ -223,20 +239,20 @@ class PoisonAt(L.Callback):
                 pl_module.model.backbone.norm_f.weight.fill_(float("nan"))
 
 
-def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, cache_dir, monkeypatch):
-    cfg, resolved = experiment(tmp_path / "run", cache_dir, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2")
+def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, cache_dir):
+    cfg, _ = experiment(tmp_path / "run", cache_dir, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2")
     with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at global step 3"):
-        fit(cfg, resolved, monkeypatch, [PoisonAt(3)])
+        run_finetune(cfg, callbacks=[PoisonAt(3)])
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 2
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
 
 
-def test_rank_summary_and_tensorboard_scalars(tmp_path, cache_dir, monkeypatch):
+def test_rank_summary_and_tensorboard_scalars(tmp_path, cache_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg, resolved = experiment(tmp_path / "run", cache_dir, "intervention=state_passing")
-    run_dir = fit(cfg, resolved, monkeypatch)
+    cfg, _ = experiment(tmp_path / "run", cache_dir, "intervention=state_passing")
+    run_dir = run_finetune(cfg)
     summary = json.loads((run_dir / "ranks" / "rank0.json").read_text())
     assert summary["lanes"] == [0, 1, 2, 3] and summary["global_step"] == 4
     acc = EventAccumulator(str(run_dir / "tb"))

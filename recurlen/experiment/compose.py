@@ -12,6 +12,7 @@ that names it and says what is allowed.
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,23 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from recurlen.cli_args import check_key, schema_keys, suggest
+from recurlen.config import PRESETS
 from recurlen.experiment.schema import GROUPS, ExperimentConfig
 from recurlen.interventions import LAYOUT_FOR
 
 
 def experiments_dir() -> Path:
-    """$RECURLEN_EXPERIMENTS, else ./experiments, else the one next to the installed package (editable install)."""
+    """$RECURLEN_EXPERIMENTS if set; else the experiments/ shipped inside the installed package (a wheel
+    install), else the source checkout's experiments/ next to the package (an editable install).
+    Never the current directory: a command runs the same from anywhere."""
     env = os.environ.get("RECURLEN_EXPERIMENTS")
-    candidates = [Path(env)] if env else []
-    candidates += [Path.cwd() / "experiments", Path(__file__).resolve().parents[2] / "experiments"]
+    package = Path(__file__).resolve().parents[1]
+    candidates = [Path(env)] if env else [package / "experiments", package.parent / "experiments"]
     for c in candidates:
         if (c / "model").is_dir():
             return c
-    raise FileNotFoundError(f"no experiments/ directory found (looked in {[str(c) for c in candidates]}); "
-                            "run from the repository root or set RECURLEN_EXPERIMENTS")
+    raise FileNotFoundError(f"no experiments directory found (looked in {[str(c) for c in candidates]}); "
+                            "set RECURLEN_EXPERIMENTS to a directory laid out like the project's experiments/")
 
 
 def available(group: str | None = None, *, root: Path | None = None, pipelines: bool = True) -> list[str]:
@@ -62,7 +66,8 @@ def _group_file(root: Path, group: str, choice: str) -> Path:
     return path
 
 
-def parse_overrides(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
+def parse_overrides(args: list[str], *, schema: type[ExperimentConfig] = ExperimentConfig
+                    ) -> tuple[str | None, dict[str, str], list[str]]:
     """Split CLI words into (experiment, group choices, dotlist)."""
     experiment, groups, dotlist = None, {}, []
     for arg in args:
@@ -74,31 +79,27 @@ def parse_overrides(args: list[str]) -> tuple[str | None, dict[str, str], list[s
         elif key in GROUPS:  # a whole section is never a scalar, so `model=x` always picks a file
             groups[key] = value
         else:
-            check_key(key.lstrip("+~"), ExperimentConfig, what="key", extra=("experiment", *GROUPS))
+            check_key(key.lstrip("+~"), schema, what="key", extra=("experiment", *GROUPS))
             dotlist.append(arg)
     return experiment, groups, dotlist
 
 
-def compose(args: list[str], *, default_experiment: str = "finetune", root: Path | None = None) -> DictConfig:
-    """The merged, unvalidated config (omegaconf), for saving and printing."""
+def compose(args: list[str], *, default_experiment: str = "finetune", root: Path | None = None,
+            schema: type[ExperimentConfig] = ExperimentConfig) -> DictConfig:
+    """The merged, unvalidated config (omegaconf), for saving and printing.
+
+    schema: the dataclass the experiment is merged onto (a caller with more sections passes a subclass)."""
     root = root or experiments_dir()
-    experiment, choices, dotlist = parse_overrides(list(args))
+    experiment, choices, dotlist = parse_overrides(list(args), schema=schema)
     experiment = experiment or default_experiment
-    exp_path = root / f"{experiment}.yaml"
-    if not exp_path.is_file():
-        names = available(root=root, pipelines=False)
-        raise ValueError(f"unknown experiment {experiment!r}{suggest(experiment, names)}; allowed: {names}")
-    exp = _load_yaml(exp_path)
-    if "pipeline" in exp:
-        raise ValueError(f"experiments/{experiment}.yaml is a pipeline of several runs; run it with "
-                         f"`recurlen {exp.pipeline}` (make {exp.pipeline})")
-    defaults = exp.pop("defaults", None) or {}
-    if not isinstance(defaults, DictConfig):
-        raise ValueError(f"{exp_path}: 'defaults' must be a mapping group -> choice, e.g. {{model: tiny}}")
-    unknown_groups = sorted(set(defaults) - set(GROUPS))
-    if unknown_groups:
-        raise ValueError(f"{exp_path}: unknown groups in defaults {unknown_groups}; allowed: {list(GROUPS)}")
-    merged = OmegaConf.structured(ExperimentConfig)
+    defaults, exp = _experiment_file(root, experiment, chain=())
+    known = {f.name for f in fields(schema)}
+    unknown_sections = sorted(set(exp) - known)
+    if unknown_sections:
+        raise ValueError(f"experiments/{experiment}.yaml: sections {unknown_sections} are not part of this kind of experiment (it has "
+                         f"{sorted(known)}); an experiment with a `task` section runs with its task's command, "
+                         "e.g. `recurlen passkey`")
+    merged = OmegaConf.structured(schema)
     layout_explicit = any(d.startswith("data.layout=") for d in dotlist) or "layout" in (exp.get("data") or {})
     try:
         for group in GROUPS:
@@ -107,6 +108,8 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
                 choice = merged.model.default_data  # an official model brings its corpus and tokenizer
             if choice is not None:
                 part = _load_yaml(_group_file(root, group, str(choice)))
+                if group == "model":
+                    part = _with_preset_arch(part)
                 layout_explicit |= group == "data" and "layout" in part
                 merged = OmegaConf.merge(merged, {group: part})
         merged = OmegaConf.merge(merged, exp)
@@ -115,18 +118,56 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
         if not layout_explicit:  # the intervention decides how lanes walk the data unless told otherwise
             merged.data.layout = LAYOUT_FOR.get(merged.intervention.name, merged.data.layout)
     except OmegaConfBaseException as err:
-        raise ValueError(f"bad config: {_explain(err)}") from err
+        raise ValueError(f"bad config: {_explain(err, schema)}") from err
     if not merged.name:
         merged.name = experiment
     return merged
 
 
-def _explain(err: OmegaConfBaseException) -> str:
+def _experiment_file(root: Path, experiment: str, *, chain: tuple[str, ...]) -> tuple[dict, DictConfig]:
+    """(group defaults, body) of experiments/<experiment>.yaml, with `base: OTHER` resolved: the file starts
+    from OTHER's defaults and body and changes what it states (a chain of bases works the same way)."""
+    exp_path = root / f"{experiment}.yaml"
+    if not exp_path.is_file():
+        names = available(root=root, pipelines=False)
+        raise ValueError(f"unknown experiment {experiment!r}{suggest(experiment, names)}; allowed: {names}")
+    if experiment in chain:
+        raise ValueError(f"experiments {' -> '.join([*chain, experiment])}: `base` goes round in a circle")
+    exp = _load_yaml(exp_path)
+    if "pipeline" in exp:
+        raise ValueError(f"experiments/{experiment}.yaml is a pipeline of several runs; run it with "
+                         f"`recurlen {exp.pipeline}` (make {exp.pipeline})")
+    defaults = exp.pop("defaults", None)
+    defaults = OmegaConf.create() if defaults is None else defaults
+    if not isinstance(defaults, DictConfig):
+        raise ValueError(f"{exp_path}: 'defaults' must be a mapping group -> choice, e.g. {{model: tiny}}")
+    unknown_groups = sorted(set(defaults) - set(GROUPS))
+    if unknown_groups:
+        raise ValueError(f"{exp_path}: unknown groups in defaults {unknown_groups}; allowed: {list(GROUPS)}")
+    defaults = dict(defaults)
+    base = exp.pop("base", None)
+    if base is None:
+        return defaults, exp
+    base_defaults, base_exp = _experiment_file(root, str(base), chain=(*chain, experiment))
+    return {**base_defaults, **defaults}, OmegaConf.merge(base_exp, exp)
+
+
+def _with_preset_arch(part: DictConfig) -> DictConfig:
+    """A model group file names its shape (recurlen.config.PRESETS, the one place shapes are written down);
+    `arch` in the file changes fields of that preset."""
+    name = part.get("name")
+    if name not in PRESETS:
+        return part
+    arch = OmegaConf.merge(OmegaConf.create(dict(PRESETS[name])), part.get("arch") or {})
+    return OmegaConf.merge(part, {"arch": arch})
+
+
+def _explain(err: OmegaConfBaseException, schema: type[ExperimentConfig] = ExperimentConfig) -> str:
     msg = str(err).splitlines()[0]
     key = getattr(err, "full_key", None)
     text = f"{key}: {msg}" if key and key not in msg else msg
     if key and ("not in struct" in msg or "not in dataclass" in msg):
-        text += suggest(str(key), schema_keys(ExperimentConfig))
+        text += suggest(str(key), schema_keys(schema))
     return text
 
 
@@ -135,13 +176,18 @@ def to_object(cfg: DictConfig) -> ExperimentConfig:
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
-        raise ValueError(f"bad config: {_explain(err)}") from err
+        raise ValueError(f"bad config: {_explain(err, OmegaConf.get_type(cfg) or ExperimentConfig)}") from err
     obj.validate()
     return obj
 
 
-def load_experiment(args: list[str], *,
-                    default_experiment: str = "finetune") -> tuple[ExperimentConfig, dict[str, Any]]:
-    cfg = compose(args, default_experiment=default_experiment)
+def resolved_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """A validated config as the plain dict that config.yaml and the checkpoints' hyperparameters hold."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def load_experiment(args: list[str], *, default_experiment: str = "finetune",
+                    schema: type[ExperimentConfig] = ExperimentConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
+    cfg = compose(args, default_experiment=default_experiment, schema=schema)
     obj = to_object(cfg)
     return obj, OmegaConf.to_container(cfg, resolve=True)

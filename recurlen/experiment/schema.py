@@ -11,7 +11,6 @@ from recurlen.data.config import DataConfig
 from recurlen.interventions import INTERVENTIONS, InterventionConfig
 from recurlen.optim import OptimConfig
 from recurlen.runs import check_resume
-from recurlen.tasks.config import TaskConfig
 
 GROUPS = ("model", "intervention", "data", "trainer")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
@@ -132,9 +131,8 @@ class ExperimentConfig:
     name: str = ""
     """Experiment name (the experiment file's); part of the default run directory."""
     run_dir: str | None = None
-    """Where checkpoints, TensorBoard logs and the resolved config go. Default runs/<name>/<model>-<intervention>
-    (copying: runs/copying/<model>, which holds one run per intervention and seed), so that runs of other
-    models or interventions never resume from each other's checkpoints."""
+    """Where checkpoints, TensorBoard logs and the resolved config go. Default runs/<name>/<model>-<intervention>,
+    so that runs of other models or interventions never resume from each other's checkpoints."""
     resume: str = "auto"
     """'auto' resumes from the newest checkpoint in run_dir, 'never' starts fresh, or a .ckpt path."""
     seed: int = 0
@@ -145,14 +143,11 @@ class ExperimentConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerSection = field(default_factory=TrainerSection)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
 
     @property
     def resolved_run_dir(self) -> str:
         if self.run_dir:
             return self.run_dir
-        if self.task.name == "copying":  # the sweep trains every intervention of task.copying.interventions
-            return f"runs/{self.name}/{self.model.name}"
         return f"runs/{self.name}/{self.model.name}-{self.intervention.name}"
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
-"""The `task` section of an experiment: which long-context task trains and evaluates the model.
+"""Task experiments: a training experiment plus a `task` section saying which long-context task trains and
+evaluates the model (`recurlen passkey | babilong | copying` compose them with TaskExperimentConfig).
 
-    task.name=null       train on the `data` corpus (plain `recurlen finetune`)
     task.name=passkey    passkey retrieval (Mohtashami & Jaggi, 2023)
     task.name=babilong   BABILong (Kuratov et al., 2024): bAbI facts hidden in long haystack text
     task.name=copying    synthetic copying (Jelassi et al., 2024, "Repeat After Me")
@@ -12,6 +12,8 @@ tokenized with `data.tokenizer`; this section holds only what is specific to the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from recurlen.experiment.schema import ExperimentConfig
 
 TASKS = ("passkey", "babilong", "copying")
 LOSS_ON = ("answer", "all")
@@ -177,7 +179,7 @@ class CopyingConfig:
 @dataclass
 class TaskConfig:
     name: str | None = None
-    """None trains on the `data` corpus; passkey / babilong / copying train on that task's examples."""
+    """passkey / babilong / copying: train on that task's examples and evaluate on it (None: no task)."""
     train: bool = True
     """Fine-tune (copying: train from scratch) before evaluating; false evaluates model.pretrained as is
     (or the run directory's last checkpoint)."""
@@ -213,3 +215,24 @@ class TaskConfig:
         for name in ("trials", "eval_batch_size", "chunk_len"):
             _positive("", name, getattr(self, name))
         _positive("", "val_batches", self.val_batches, minimum=0)
+
+
+@dataclass
+class TaskExperimentConfig(ExperimentConfig):
+    """An experiment with a `task` section (experiments/passkey.yaml, babilong.yaml, copying.yaml)."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+
+    @property
+    def resolved_run_dir(self) -> str:
+        if not self.run_dir and self.task.name == "copying":
+            # The sweep trains every intervention of task.copying.interventions, each in a directory below this.
+            return f"runs/{self.name}/{self.model.name}"
+        return super().resolved_run_dir
+
+
+def load_task_experiment(args: list[str], *, default_experiment: str = "passkey") -> TaskExperimentConfig:
+    """Compose and validate a task experiment from CLI words (experiment=NAME, group=choice, a.b=value)."""
+    from recurlen.experiment.compose import load_experiment
+
+    return load_experiment(list(args), default_experiment=default_experiment, schema=TaskExperimentConfig)[0]

@@ -153,7 +153,7 @@ def example_fn(cfg: ExperimentConfig, tokenizer: Tokenizer) -> ExampleFn:
 
 
 def build_task_datamodule(cfg: ExperimentConfig) -> TaskDataModule:
-    """The DataModule of cfg.task.name (called by recurlen.train.build_datamodule)."""
+    """The DataModule of cfg.task.name (the task runner passes it to recurlen.train.run_finetune)."""
     if cfg.intervention.name == "tbptt":
         # Every task row starts a new example (new_stream), so TBTT would reset every lane every step.
         raise ValueError(f"intervention tbptt needs documents that continue from step to step, but {cfg.task.name} "

@@ -1,7 +1,7 @@
 """Run a task experiment end to end: fine-tune (or train) through `run_finetune`, then evaluate.
 
-    cfg, resolved = load_experiment(["experiment=passkey", "trainer.max_steps=100"], default_experiment="passkey")
-    results_json = run_task(cfg, resolved)
+    cfg = load_task_experiment(["experiment=passkey", "trainer.max_steps=100"])
+    results_json = run_task(cfg)
 
 Output directory (task.output_dir, default <run_dir>/<task>):
     results.json          what a report reads (format "recurlen.tasks.<task>/1"; written atomically)
@@ -21,24 +21,26 @@ from pathlib import Path
 
 import torch
 
-from recurlen.experiment.schema import ExperimentConfig
+from recurlen.experiment.compose import resolved_config
 from recurlen.files import save_figure, write_json
 from recurlen.interventions import InterventionConfig
 from recurlen.runs import RunDir, load_model
 from recurlen.tasks.common import tensorboard_log
-from recurlen.tasks.config import TASKS
+from recurlen.tasks.config import TASKS, TaskExperimentConfig
+from recurlen.tasks.datamodules import build_task_datamodule
 from recurlen.tokenizer import check_vocab_fits, load_tokenizer
+from recurlen.train import run_finetune
 
 log = logging.getLogger(__name__)
 
 PLOT_NAMES = {"passkey": "passkey_heatmap.png", "babilong": "babilong_heatmap.png", "copying": "copying_accuracy.png"}
 
 
-def task_output_dir(cfg: ExperimentConfig) -> Path:
+def task_output_dir(cfg: TaskExperimentConfig) -> Path:
     return Path(cfg.task.output_dir or Path(cfg.resolved_run_dir) / str(cfg.task.name))
 
 
-def eval_lengths(cfg: ExperimentConfig) -> list[int]:
+def eval_lengths(cfg: TaskExperimentConfig) -> list[int]:
     if cfg.task.lengths:
         return [int(n) for n in cfg.task.lengths]
     if cfg.task.name == "copying":
@@ -46,14 +48,12 @@ def eval_lengths(cfg: ExperimentConfig) -> list[int]:
     return [k * cfg.data.seq_len for k in (1, 2, 4, 8, 16)]
 
 
-def _train_or_locate(cfg: ExperimentConfig, resolved: dict) -> str:
+def _train_or_locate(cfg: TaskExperimentConfig) -> str:
     """Fine-tune when task.train, and return what to evaluate: the run dir; else model.pretrained as is
     (zero-shot), or without it the run directory's last checkpoint (re-evaluating a finished run)."""
     run = RunDir(cfg.resolved_run_dir)
     if cfg.task.train:
-        from recurlen.train import run_finetune
-
-        return str(run_finetune(cfg, resolved))
+        return str(run_finetune(cfg, datamodule=build_task_datamodule(cfg)))
     if cfg.model.pretrained:
         return cfg.model.pretrained
     if run.has_checkpoint():
@@ -62,7 +62,7 @@ def _train_or_locate(cfg: ExperimentConfig, resolved: dict) -> str:
                      "exist and model.pretrained is not set; set model.pretrained=<dir or run> or task.train=true")
 
 
-def _load(source: str, cfg: ExperimentConfig):
+def _load(source: str, cfg: TaskExperimentConfig):
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,7 +73,7 @@ def _load(source: str, cfg: ExperimentConfig):
     return loaded, tokenizer, tok_spec, device
 
 
-def starting_model(cfg: ExperimentConfig) -> dict | None:
+def starting_model(cfg: TaskExperimentConfig) -> dict | None:
     """model.pretrained and, for a recurlen run (e.g. a corpus post-training with state passing or TBTT, the
     paper's first stage before the task fine-tune), the intervention and context it was trained with."""
     if not cfg.model.pretrained:
@@ -89,9 +89,9 @@ def starting_model(cfg: ExperimentConfig) -> dict | None:
             "train_seq_len": meta.get("train_seq_len")}
 
 
-def _header(cfg: ExperimentConfig, resolved: dict, *, source: str, train_len: int | None, tokenizer: str,
+def _header(cfg: TaskExperimentConfig, *, source: str, train_len: int | None, tokenizer: str,
             device: str) -> dict:
-    task_cfg = {k: v for k, v in (resolved.get("task") or {}).items() if k not in TASKS or k == cfg.task.name}
+    task_cfg = {k: v for k, v in resolved_config(cfg)["task"].items() if k not in TASKS or k == cfg.task.name}
     return {"format": f"recurlen.tasks.{cfg.task.name}/1", "task": cfg.task.name, "model": source,
             "starting_model": starting_model(cfg),
             "train_len": train_len, "tokenizer": tokenizer, "device": device, "seed": cfg.seed,
@@ -107,17 +107,17 @@ def _finish(out: Path, results: dict, figure, scalars: dict) -> Path:
     return out / "results.json"
 
 
-def run_passkey(cfg: ExperimentConfig, resolved: dict) -> Path:
+def run_passkey(cfg: TaskExperimentConfig) -> Path:
     from recurlen.tasks.passkey import evaluate_passkey
     from recurlen.tasks.plots import plot_passkey
 
-    source = _train_or_locate(cfg, resolved)
+    source = _train_or_locate(cfg)
     loaded, tokenizer, tok_spec, device = _load(source, cfg)
     t, pk = cfg.task, cfg.task.passkey
     res = evaluate_passkey(loaded.model.eval(), tokenizer, lengths=eval_lengths(cfg), depths=[float(d) for d in
                            pk.depths], trials=t.trials, seed=t.eval_seed, batch_size=t.eval_batch_size,
                            chunk_len=t.chunk_len, key_digits=pk.key_digits, max_new_tokens=pk.max_new_tokens)
-    results = {**_header(cfg, resolved, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
+    results = {**_header(cfg, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
                          device=device), **res}
     scalars = {f"passkey/accuracy/depth_{d:g}": [(n, results["accuracy"][i][j]) for j, n in enumerate(res["lengths"])]
                for i, d in enumerate(res["depths"])}
@@ -125,7 +125,7 @@ def run_passkey(cfg: ExperimentConfig, resolved: dict) -> Path:
     return _finish(task_output_dir(cfg), results, plot_passkey(results), scalars)
 
 
-def babilong_cells(cfg: ExperimentConfig, tokenizer, lengths: list[int], out: Path) -> dict[tuple[str, int], list]:
+def babilong_cells(cfg: TaskExperimentConfig, tokenizer, lengths: list[int], out: Path) -> dict[tuple[str, int], list]:
     """(task, length) -> records: generated (and written under out/data) or read from task.babilong.source."""
     from recurlen.tasks.babilong import generate_records, load_babilong, write_babilong_dir
     from recurlen.tasks.common import length_label
@@ -148,18 +148,18 @@ def babilong_cells(cfg: ExperimentConfig, tokenizer, lengths: list[int], out: Pa
     return cells
 
 
-def run_babilong(cfg: ExperimentConfig, resolved: dict) -> Path:
+def run_babilong(cfg: TaskExperimentConfig) -> Path:
     from recurlen.tasks.babilong import evaluate_babilong
     from recurlen.tasks.plots import plot_babilong
 
-    source = _train_or_locate(cfg, resolved)
+    source = _train_or_locate(cfg)
     loaded, tokenizer, tok_spec, device = _load(source, cfg)
     out = task_output_dir(cfg)
     cells = babilong_cells(cfg, tokenizer, eval_lengths(cfg), out)
     res = evaluate_babilong(loaded.model.eval(), tokenizer, cells, batch_size=cfg.task.eval_batch_size,
                             chunk_len=cfg.task.chunk_len, max_new_tokens=cfg.task.babilong.max_new_tokens,
                             prompt=cfg.task.babilong.prompt)
-    results = {**_header(cfg, resolved, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
+    results = {**_header(cfg, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
                          device=device), "source": cfg.task.babilong.source, "prompt": cfg.task.babilong.prompt,
                **res}
     scalars = {f"babilong/accuracy/{task}": [(n, res["accuracy"][i][j]) for j, n in enumerate(res["lengths"])]
@@ -168,18 +168,15 @@ def run_babilong(cfg: ExperimentConfig, resolved: dict) -> Path:
     return _finish(out, results, plot_babilong(results), scalars)
 
 
-def _sub_run(cfg: ExperimentConfig, resolved: dict, *, intervention: str, seed: int) -> tuple[ExperimentConfig, dict]:
+def _sub_run(cfg: TaskExperimentConfig, *, intervention: str, seed: int) -> TaskExperimentConfig:
     """The copying run of one (intervention, seed): the experiment with those two changed, in its own directory."""
     run_dir = str(Path(cfg.resolved_run_dir) / intervention / f"seed{seed}")
     iv = InterventionConfig(**{**dataclasses.asdict(cfg.intervention), "name": intervention})
-    sub = dataclasses.replace(cfg, seed=seed, run_dir=run_dir, name=f"{cfg.name}-{intervention}-seed{seed}",
-                              intervention=iv)
-    sub_resolved = {**resolved, "seed": seed, "run_dir": run_dir, "name": sub.name,
-                    "intervention": {**(resolved.get("intervention") or {}), "name": intervention}}
-    return sub, sub_resolved
+    return dataclasses.replace(cfg, seed=seed, run_dir=run_dir, name=f"{cfg.name}-{intervention}-seed{seed}",
+                               intervention=iv)
 
 
-def _train_in_child(sub: ExperimentConfig, sub_resolved: dict, threads: int) -> str:
+def _train_in_child(sub: TaskExperimentConfig, threads: int) -> str:
     """One copying run in a worker process, its output in <run_dir>/train.log (runs side by side stay readable)."""
     import os
     import sys
@@ -193,16 +190,16 @@ def _train_in_child(sub: ExperimentConfig, sub_resolved: dict, threads: int) -> 
         torch.set_num_threads(threads)
         sub = dataclasses.replace(sub, trainer=dataclasses.replace(sub.trainer, num_threads=threads,
                                                                    progress_bar=False))
-        return _train_or_locate(sub, sub_resolved)
+        return _train_or_locate(sub)
 
 
-def _train_copying_runs(cfg: ExperimentConfig, subs: list[tuple[ExperimentConfig, dict]]) -> list[str]:
+def _train_copying_runs(cfg: TaskExperimentConfig, subs: list[TaskExperimentConfig]) -> list[str]:
     parallel = min(cfg.task.copying.parallel, len(subs))
     if parallel == 1 or not cfg.task.train:
         out = []
-        for sub, sub_resolved in subs:
+        for sub in subs:
             log.info("copying: training %s -> %s", sub.intervention.name, sub.resolved_run_dir)
-            out.append(_train_or_locate(sub, sub_resolved))
+            out.append(_train_or_locate(sub))
         return out
     import multiprocessing as mp
     import os
@@ -213,21 +210,21 @@ def _train_copying_runs(cfg: ExperimentConfig, subs: list[tuple[ExperimentConfig
              parallel, threads)
     # spawn: a forked child would inherit this process's torch thread pool and Lightning state.
     with ProcessPoolExecutor(max_workers=parallel, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_train_in_child, sub, sub_resolved, threads) for sub, sub_resolved in subs]
+        futures = [pool.submit(_train_in_child, sub, threads) for sub in subs]
         return [f.result() for f in futures]
 
 
-def run_copying(cfg: ExperimentConfig, resolved: dict) -> Path:
+def run_copying(cfg: TaskExperimentConfig) -> Path:
     from recurlen.tasks.copying import CopyingFormat, evaluate_single, evaluate_stream, headline_length, summarize
     from recurlen.tasks.plots import plot_copying
 
     c, t = cfg.task.copying, cfg.task
     lengths = eval_lengths(cfg)
     headline = headline_length(lengths, n=c.length, factor=c.headline_factor)
-    subs = [_sub_run(cfg, resolved, intervention=i, seed=s) for i in c.interventions for s in c.seeds]
+    subs = [_sub_run(cfg, intervention=i, seed=s) for i in c.interventions for s in c.seeds]
     sources = _train_copying_runs(cfg, subs)
     runs, header = [], None
-    for (sub, _), source in zip(subs, sources):
+    for sub, source in zip(subs, sources):
         loaded, tokenizer, tok_spec, device = _load(source, cfg)
         fmt, model = CopyingFormat(tokenizer, c), loaded.model.eval()
         log.info("copying: evaluating %s, seed %d", sub.intervention.name, sub.seed)
@@ -237,7 +234,7 @@ def run_copying(cfg: ExperimentConfig, resolved: dict) -> Path:
                                  seed=t.eval_seed, batch_size=t.eval_batch_size, chunk_len=t.chunk_len)
         runs.append({"intervention": sub.intervention.name, "seed": sub.seed, "run_dir": source, "single": single,
                      "stream": stream})
-        header = header or _header(cfg, resolved, source=str(cfg.resolved_run_dir), train_len=loaded.train_seq_len,
+        header = header or _header(cfg, source=str(cfg.resolved_run_dir), train_len=loaded.train_seq_len,
                                    tokenizer=tok_spec, device=device)
     summary = summarize(runs, headline=headline)
     for name, s in summary.items():
@@ -265,11 +262,11 @@ def run_copying(cfg: ExperimentConfig, resolved: dict) -> Path:
 RUNNERS = {"passkey": run_passkey, "babilong": run_babilong, "copying": run_copying}
 
 
-def run_task(cfg: ExperimentConfig, resolved: dict) -> Path:
+def run_task(cfg: TaskExperimentConfig) -> Path:
     """Train (task.train) and evaluate cfg.task.name; returns the path of results.json."""
     if cfg.task.name not in RUNNERS:
         raise ValueError(f"task.name={cfg.task.name!r} is not a task to run; allowed: {list(TASKS)}")
-    return RUNNERS[cfg.task.name](cfg, resolved)
+    return RUNNERS[cfg.task.name](cfg)
 
 
 __all__ = ["RUNNERS", "babilong_cells", "eval_lengths", "run_babilong", "run_copying", "run_passkey", "run_task",
