@@ -79,7 +79,11 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     bin_path, st_path = directory / WEIGHTS_NAME, directory / SAFETENSORS_NAME
     if bin_path.is_file():
         # weights_only: a checkpoint from the internet must not run code when loaded.
-        return torch.load(bin_path, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(bin_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch says little more than the pickle opcode it choked on
+            raise ValueError(f"{bin_path} is not a readable PyTorch checkpoint ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}); download or write it again") from err
     if st_path.is_file():
         from safetensors.torch import load_file
 

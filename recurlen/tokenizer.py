@@ -35,9 +35,6 @@ class ByteTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
-    def encode_bytes(self, data: bytes) -> list[int]:
-        return list(data)
-
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 

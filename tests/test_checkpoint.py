@@ -133,7 +133,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="missing \\['backbone.layers.1"):
         Mamba2LM.from_pretrained(str(tmp_path / "missing"))
     (tmp_path / "ok" / "pytorch_model.bin").write_bytes(b"not a checkpoint")
-    with pytest.raises(Exception):  # noqa: B017 - torch's own unpickling error is clear enough
+    with pytest.raises(ValueError, match=r"ok/pytorch_model.bin is not a readable PyTorch checkpoint \("):
         Mamba2LM.from_pretrained(str(tmp_path / "ok"))
 
 

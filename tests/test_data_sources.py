@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recurlen.data import DataConfig, RecurlenDataModule, load_corpus
+from recurlen.data import Corpus, DataConfig, RecurlenDataModule, load_corpus
 from recurlen.data import corpus as corpus_mod
 from recurlen.tokenizer import ByteTokenizer
 
@@ -20,8 +20,8 @@ def make_texts(n: int = 24) -> list[str]:
 
 
 def corpus_texts(dm: RecurlenDataModule) -> list[str]:
-    corpus = dm.corpus if dm.corpus is not None else None
-    assert corpus is not None
+    corpus = dm.corpus
+    assert isinstance(corpus, Corpus), "setup() loads the corpus"
     return [bytes(corpus.document(i).astype(np.uint8)).decode() for i in range(corpus.num_documents)]
 
 

@@ -21,6 +21,7 @@ def run_demo_cli(root, cache, *extra):
                                                                     "PATH": "/usr/bin:/bin"}, timeout=600)
 
 
+@pytest.mark.slow  # ~3 min: five trainings and the evaluation; CI runs the slow tests
 def test_quick_demo_writes_every_artefact_and_reuses_finished_stages(tmp_path):
     root, cache = tmp_path / "demo", tmp_path / "cache"
     proc = run_demo_cli(root, cache)

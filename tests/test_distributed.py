@@ -12,6 +12,9 @@ import torch
 
 from recurlen.runs import RUN_META_KEY
 
+# Several processes each; CI runs the slow tests.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 

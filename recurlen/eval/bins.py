@@ -14,8 +14,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-BIN_KINDS = ("context", "log")
-
 
 @dataclass(frozen=True)
 class PositionBin:

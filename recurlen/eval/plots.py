@@ -88,6 +88,15 @@ def _empty(fig: Figure, ax, what: str) -> Figure:
     return fig
 
 
+def _finish(fig: Figure, ax, shown: Sequence, what: str) -> Figure:
+    """A legend and a grid, or the empty-plot note when no run had `what`."""
+    if not shown:
+        return _empty(fig, ax, what)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
 def plot_positionwise(runs: Sequence[dict], *, metric: str = "ppl") -> Figure:
     """Loss or perplexity vs position (log-spaced bins), one line per run; dotted lines at T."""
     if metric not in ("ppl", "loss"):
@@ -105,11 +114,7 @@ def plot_positionwise(runs: Sequence[dict], *, metric: str = "ppl") -> Figure:
     ax.set_xlabel("position (tokens of context); dotted: training context T")
     ax.set_ylabel("perplexity" if metric == "ppl" else "loss (nats / token)")
     ax.set_title(f"{'Perplexity' if metric == 'ppl' else 'Loss'} by position")
-    if not shown:
-        return _empty(fig, ax, "position-wise results")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return fig
+    return _finish(fig, ax, shown, "position-wise results")
 
 
 def plot_full_minus_reset(runs: Sequence[dict]) -> Figure:
@@ -128,11 +133,7 @@ def plot_full_minus_reset(runs: Sequence[dict]) -> Figure:
     ax.set_xlabel("position (tokens of context); dotted: training context T")
     ax.set_ylabel("loss(full) - loss(reset every T)  [nats]")
     ax.set_title("Does longer context hurt? (> 0: yes, <= 0: length-generalizes)")
-    if not shown:
-        return _empty(fig, ax, "reset-control results")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return fig
+    return _finish(fig, ax, shown, "reset-control results")
 
 
 def plot_state(runs: Sequence[dict], *, stats: Sequence[str] = STATE_STATS) -> Figure:
@@ -178,11 +179,7 @@ def plot_effrem(runs: Sequence[dict]) -> Figure:
     ax.set_ylabel("EffRem_T(t) = TV(q(.|x[0:T]), q(.|x[t:T]))")
     ax.set_ylim(bottom=0)
     ax.set_title("Effective Remembrance")
-    if not shown:
-        return _empty(fig, ax, "EffRem results")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return fig
+    return _finish(fig, ax, shown, "EffRem results")
 
 
 def figures_for(runs: Sequence[dict]) -> dict[str, Figure]:

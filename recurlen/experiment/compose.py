@@ -96,9 +96,9 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
     known = {f.name for f in fields(schema)}
     unknown_sections = sorted(set(exp) - known)
     if unknown_sections:
-        raise ValueError(f"experiments/{experiment}.yaml: sections {unknown_sections} are not part of this kind of experiment (it has "
-                         f"{sorted(known)}); an experiment with a `task` section runs with its task's command, "
-                         "e.g. `recurlen passkey`")
+        raise ValueError(f"experiments/{experiment}.yaml: sections {unknown_sections} are not part of this kind of "
+                         f"experiment (it has {sorted(known)}); an experiment with a `task` section runs with its "
+                         "task's command, e.g. `recurlen passkey`")
     merged = OmegaConf.structured(schema)
     layout_explicit = any(d.startswith("data.layout=") for d in dotlist) or "layout" in (exp.get("data") or {})
     try:
