@@ -6,7 +6,7 @@ import torch
 
 from recurlen import arch
 from recurlen.experiment.compose import load_experiment
-from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, Intervention, InterventionConfig
+from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, InterventionConfig, build_intervention
 from recurlen.runs import RUN_META_KEY, load_model
 from recurlen.train import run_finetune
 
@@ -33,21 +33,22 @@ def experiment(run_dir, cache_dir, name, *overrides):
 @pytest.mark.parametrize("name", ARCHS)
 def test_each_intervention_trains_each_architecture(tmp_path, cache_dir, name, intervention):
     cfg, resolved = experiment(tmp_path / "run", cache_dir, name, f"intervention={intervention}")
-    run_dir = run_finetune(cfg, resolved)
+    run_dir = run_finetune(cfg)
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     meta = ckpt[RUN_META_KEY]
     assert ckpt["global_step"] == 2 and meta["architecture"] == name and meta["intervention"] == intervention
     a = arch.get(name)
     zero = a.build(cfg.model.config).zero_state(4)
+    state = meta["intervention_state"]
     if intervention in ("state_passing", "tbptt"):
-        carried = meta["carried"]
+        carried = state["carried"]["state"]  # the state type's own state_dict
         for part in a.state_cls.part_names():  # every part of the state type, lanes second
             assert carried[part].shape == getattr(zero, part).shape
         assert carried[a.state_cls.RECURRENT[0]].abs().sum() > 0
     else:
-        assert meta["carried"] is None
+        assert "carried" not in state
     if intervention == "fitted_noise":
-        stats = FittedNoiseStats.from_state_dict(meta["fitted_noise"])
+        stats = FittedNoiseStats.from_state_dict(state["fitted_noise"])
         k, groups, _ = zero.group_view(a.state_cls.RECURRENT[0]).shape
         assert stats.mean_KH.shape == (k, groups) and (stats.std_KH > 0).all()
     loaded = load_model(str(run_dir), backend="torch")
@@ -66,9 +67,10 @@ def test_noise_is_drawn_on_the_recurrent_part_with_fitted_groups(name):
     stats = FittedNoiseStats(mean_KH=torch.arange(k * groups, dtype=torch.float32).view(k, groups) * 10,
                              std_KH=torch.full((k, groups), 1e-3))
     stats.check_state(zeros)
-    iv = Intervention(InterventionConfig(name="fitted_noise"), seed=0)
-    state = iv.initial_state(zeros=zeros, carried=None, new_stream_B=torch.zeros(3, dtype=torch.bool), step=0,
-                             rank=0, fitted=stats)
+    iv = build_intervention(InterventionConfig(name="fitted_noise"), seed=0, zero_state=zeros[0:1])
+    iv.set_stats(stats)
+    state = iv.initial_state(zeros=zeros, lanes_B=torch.arange(3), new_stream_B=torch.zeros(3, dtype=torch.bool),
+                             step=0, rank=0)
     means = state.group_view(part).mean(dim=-1)
     torch.testing.assert_close(means, stats.mean_KH, rtol=0, atol=1e-3)
     for window in a.state_cls.WINDOW:
@@ -86,16 +88,17 @@ def test_resume_is_exact_with_carried_states(tmp_path, cache_dir, name):
     if name == "gla":
         extra.append("model.arch.use_short_conv=true")
     straight, resolved = experiment(tmp_path / "a", cache_dir, name, "trainer.max_steps=4", *extra)
-    run_finetune(straight, resolved)
+    run_finetune(straight)
     first, resolved = experiment(tmp_path / "b", cache_dir, name, "trainer.max_steps=2", *extra)
-    run_finetune(first, resolved)
+    run_finetune(first)
     again, resolved = experiment(tmp_path / "b", cache_dir, name, "trainer.max_steps=4", *extra)
-    run_finetune(again, resolved)
+    run_finetune(again)
     a = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=True)
     b = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=True)
     assert a["global_step"] == b["global_step"] == 4
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
-    for part, value in a[RUN_META_KEY]["carried"].items():
-        if isinstance(value, torch.Tensor):
-            assert torch.equal(value, b[RUN_META_KEY]["carried"][part]), part
+    ca, cb = a[RUN_META_KEY]["intervention_state"]["carried"], b[RUN_META_KEY]["intervention_state"]["carried"]
+    assert torch.equal(ca["lanes"], cb["lanes"])
+    for part, value in ca["state"].items():
+        assert torch.equal(value, cb["state"][part]), part
