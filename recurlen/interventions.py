@@ -5,8 +5,10 @@ Ordered by how realistic the initial state is (Buitrago Ruiz & Gu, 2025):
   random_noise    i.i.d. N(0, std^2) on the SSM state, one std for all layers and heads
   fitted_noise    i.i.d. N(mean_kh, std_kh^2) per (layer, head), fitted on final states of training sequences
   state_passing   the lane's final state of the previous step (an unrelated sequence), detached
-  tbptt           the same, but the lane's data continues its document stream (contiguous layout), so
-                  this is truncated backprop through time: the state carries, the gradient stops
+  tbptt           truncated backprop through time as the paper defines it: a long sequence is
+                  tbptt_segments consecutive segments of T tokens of the lane's contiguous stream, run from a
+                  zero state with the state carried and the gradient stopped between segments; then a fresh
+                  long sequence (the lane's next tokens) starts from zeros again
 
 Noise and reset draws come from generators seeded by (seed, step, rank): a resumed run draws exactly
 what the uninterrupted run drew, without saving any RNG state.
@@ -42,7 +44,11 @@ class InterventionConfig:
     noise_std: float = 1.0
     """random_noise: std of the i.i.d. Gaussian (the paper gives none; ~ the state's scale early in a sequence)."""
     reset_prob: float = 0.1
-    """state_passing / tbptt: per lane and step, the chance of starting from zeros instead of the carried state."""
+    """state_passing / tbptt: per lane and step, the chance of starting from zeros instead of the carried state
+    (recurlen's choice for state_passing; the paper's TBTT has no random resets, so tbptt.yaml sets 0)."""
+    tbptt_segments: int | None = 8
+    """tbptt: segments of T tokens per long sequence; the state restarts from zeros at every step that is a
+    multiple of it (a fresh long sequence of tbptt_segments x T tokens). None: one endless sequence per lane."""
     pass_conv: bool = False
     """state_passing / tbptt: carry the conv window too (exact continuation) or the SSM state only (paper)."""
     fit_batches: int = 8
@@ -57,6 +63,10 @@ class InterventionConfig:
             raise ValueError(f"intervention.noise_std must be > 0; got {self.noise_std}")
         if not 0.0 <= self.reset_prob <= 1.0:
             raise ValueError(f"intervention.reset_prob must be in [0, 1]; got {self.reset_prob}")
+        if self.tbptt_segments is not None and (isinstance(self.tbptt_segments, bool)
+                                                or not isinstance(self.tbptt_segments, int) or self.tbptt_segments < 1):
+            raise ValueError(f"intervention.tbptt_segments={self.tbptt_segments!r} is not allowed; need an integer "
+                             ">= 1 (segments per long sequence) or null (one endless sequence per lane)")
         if self.fit_batches < 1:
             raise ValueError(f"intervention.fit_batches must be >= 1; got {self.fit_batches}")
 
@@ -276,6 +286,11 @@ class StatePassing(Intervention):
         self.carried: LayeredState | None = None
         self.carried_lanes: torch.Tensor | None = None
 
+    def starts_long_sequence(self, step: int) -> bool:
+        """tbptt: whether segment `step` of every lane is the first of a long sequence (zero state)."""
+        k = self.cfg.tbptt_segments
+        return self.cfg.name == "tbptt" and (step == 0 or (k is not None and step % k == 0))
+
     def initial_state(self, *, zeros: LayeredState, lanes_B: torch.Tensor, new_stream_B: torch.Tensor, step: int,
                       rank: int) -> LayeredState:
         device = zeros.device
@@ -288,10 +303,12 @@ class StatePassing(Intervention):
         state = self.carried.detach()  # the gradient stops at the step boundary
         if not self.cfg.pass_conv:
             state = state.recurrent_only()
-        # In TBTT a lane whose stream restarts must not inherit the old stream's state. State passing
-        # ignores stream boundaries on purpose: its previous batch is an unrelated sequence anyway.
+        # In TBTT a lane whose stream restarts, or whose long sequence ends, must not inherit the old state.
+        # State passing ignores stream boundaries on purpose: its previous batch is an unrelated sequence anyway.
         if self.cfg.name == "tbptt":
             reset_B = new_stream_B.to(device=device, dtype=torch.bool)
+            if self.starts_long_sequence(step):
+                reset_B = torch.ones_like(reset_B)
         else:
             reset_B = torch.zeros(zeros.batch_size, dtype=torch.bool, device=device)
         if self.cfg.reset_prob > 0:

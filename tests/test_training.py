@@ -124,6 +124,39 @@ def test_tbptt_lanes_continue_exactly(tmp_path, cache_dir):
     torch.testing.assert_close(carried.conv, state.conv, rtol=1e-5, atol=1e-6)
 
 
+def test_tbptt_lanes_restart_from_zero_exactly_every_tbptt_segments_resume_included(tmp_path, cache_dir):
+    """The paper's TBTT: long sequences of tbptt_segments segments from a zero state, no random resets; a run
+    killed inside a long sequence resumes with the carried state and restarts on the same steps."""
+    common = ["intervention=tbptt", "intervention.tbptt_segments=3", "trainer.max_steps=8",
+              "trainer.checkpoint_every_n_steps=4", "trainer.val_every_n_steps=4"]
+    cfg, _ = experiment(tmp_path / "full", cache_dir, *common)
+    assert cfg.intervention.reset_prob == 0.0  # the intervention's preset: no random resets
+    full = Recorder()
+    run_finetune(cfg, callbacks=[full])
+    cfg, _ = experiment(tmp_path / "killed", cache_dir, *common)
+    first = Recorder()
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        run_finetune(cfg, callbacks=[first, CrashAfter(4)])  # killed in the second long sequence (steps 3-5)
+    cfg, _ = experiment(tmp_path / "killed", cache_dir, *common)
+    second = Recorder()
+    run_finetune(cfg, callbacks=[second])
+    for rec in (full, first):
+        assert len(rec.inits) == len(rec.batches)
+    for run, inits, finals in (("full", full.inits, full.finals),
+                               ("resumed", first.inits + second.inits, first.finals + second.finals)):
+        assert len(inits) == 8, run
+        for k, init in enumerate(inits):
+            starts = k % 3 == 0
+            per_lane_zero = [bool(init.ssm[:, b].abs().sum() == 0 and init.conv[:, b].abs().sum() == 0)
+                             for b in range(4)]
+            assert per_lane_zero == [starts] * 4, (run, k)
+            if not starts:  # inside a long sequence: exactly the previous segment's final state, conv included
+                assert torch.equal(init.ssm, finals[k - 1].ssm) and torch.equal(init.conv, finals[k - 1].conv)
+    for got, want in zip(first.inits + second.inits, full.inits):
+        assert torch.equal(got.ssm, want.ssm) and torch.equal(got.conv, want.conv)
+    assert first.losses + second.losses == full.losses
+
+
 def test_fitted_noise_statistics_match_the_fitting_data(tmp_path, cache_dir):
     from recurlen.data.datamodule import RecurlenDataModule
     from recurlen.train import build_model
