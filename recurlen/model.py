@@ -245,6 +245,9 @@ class Mamba2LM(nn.Module):
         self.backend = backend
         self.backbone = Backbone(config)
         self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
+        self.score_padded_vocab = False
+        """True: logits over the whole padded head, normalised as the official mamba_ssm models do (50288 rows
+        for the Pile models); False (default): only the vocab_size real rows."""
         self._init_weights()
         if config.tie_embeddings:
             self.lm_head.weight = self.backbone.embedding.weight
@@ -333,9 +336,11 @@ class Mamba2LM(nn.Module):
         return hidden, RecurrentState.stack_layers(ssm_out, conv_out)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        # Rows past vocab_size are padding and never scored. Dropping them from the weight (a contiguous
+        # Rows past vocab_size are padding and never targets. Dropping them from the weight (a contiguous
         # view of its first rows) rather than from the logits keeps the logits contiguous, and the
         # backward's zero-filled buffer the size of the weight, not of (tokens x vocab).
+        if self.score_padded_vocab:
+            return F.linear(hidden, self.lm_head.weight)
         return F.linear(hidden, self.lm_head.weight[: self.config.vocab_size])
 
     def forward(self, input_ids: torch.Tensor, state: RecurrentState | None = None, *,

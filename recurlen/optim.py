@@ -13,7 +13,10 @@ SCHEDULES = ("cosine", "constant", "linear")
 @dataclass
 class OptimConfig:
     lr: float = 1e-4
-    """Peak learning rate. Default: ~1/10 of the official Mamba-2 pre-training rates (~1e-3 for 370m-1.3b)."""
+    """Peak learning rate (used as is unless lr_from_pretrain applies)."""
+    lr_from_pretrain: float | None = None
+    """When set and the model preset records its pre-training peak rate (model.pretrain_lr), the peak rate is
+    model.pretrain_lr x this factor (the paper: ~1/10), unless optim.lr is given on the command line."""
     weight_decay: float = 0.1
     """Decoupled weight decay on matrices; norms, biases, A_log, dt_bias and D are never decayed."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -30,6 +33,8 @@ class OptimConfig:
     """Clip the global gradient norm to this value (0 disables clipping)."""
 
     def __post_init__(self) -> None:
+        if self.lr_from_pretrain is not None and not 0 < self.lr_from_pretrain <= 1:
+            raise ValueError(f"optim.lr_from_pretrain must be in (0, 1] or null; got {self.lr_from_pretrain}")
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0; got {self.lr}")
         if self.weight_decay < 0:

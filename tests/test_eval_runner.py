@@ -105,3 +105,21 @@ def test_bad_config_and_input(checkpoints, seqs, tmp_path):
     torch.save({"state_dict": {"layer.weight": torch.zeros(2, 2)}}, fake)
     with pytest.raises(ValueError, match=r"state API"):
         run_eval(small_cfg(checkpoints, tmp_path, checkpoints=[str(fake)]), seqs)
+
+
+def test_padded_vocab_normalises_over_the_padded_head_like_the_official_models(checkpoints, seqs, tmp_path):
+    """padded_vocab=true scores over all 264 rows of the nano head (257 real): the NLL grows by exactly the
+    log of one plus the padded rows' share of the mass, per token."""
+    cfg = dict(checkpoints=[checkpoints["base"]], tasks=["positionwise"], log_bins=0)
+    real = run_eval(small_cfg(checkpoints, tmp_path / "real", **cfg), seqs)["runs"][0]["positionwise"]["bins"][0]
+    padded = run_eval(small_cfg(checkpoints, tmp_path / "padded", padded_vocab=True, **cfg),
+                      seqs)["runs"][0]["positionwise"]["bins"][0]
+    assert real["name"] == padded["name"] == "[0,T)"
+    model = Mamba2LM.from_pretrained(checkpoints["base"])
+    assert model.lm_head.weight.shape[0] == 264 and model.config.vocab_size == 257
+    with torch.no_grad():
+        hidden, _ = model.forward_hidden(seqs[:3, :T])
+        full = torch.nn.functional.linear(hidden, model.lm_head.weight).double()
+        gap = (full.logsumexp(-1) - full[..., :257].logsumexp(-1)).mean().item()
+    assert gap > 0
+    assert padded["loss"] - real["loss"] == pytest.approx(gap, rel=1e-3, abs=1e-6)

@@ -176,3 +176,18 @@ def test_default_run_dirs_keep_models_and_interventions_apart():
     task = TaskExperimentConfig
     assert load_experiment(["experiment=passkey"], schema=task)[0].resolved_run_dir == "runs/passkey/tiny-fitted_noise"
     assert load_experiment(["experiment=copying"], schema=task)[0].resolved_run_dir == "runs/copying/tiny"
+
+
+def test_post_training_lr_is_a_tenth_of_each_presets_pre_training_peak():
+    from recurlen.experiment.compose import load_experiment
+
+    want = {"130m": 3e-4, "370m": 1.5e-4, "780m": 1.25e-4, "1.3b": 1e-4, "2.7b": 8e-5, "tiny": 1e-4}
+    for model, lr in want.items():
+        cfg, resolved = load_experiment([f"model={model}"])
+        assert cfg.optim.lr == pytest.approx(lr) and resolved["optim"]["lr"] == pytest.approx(lr), model
+    cfg, _ = load_experiment(["model=780m", "optim.lr=2e-4"])  # an explicit rate wins
+    assert cfg.optim.lr == 2e-4
+    cfg, _ = load_experiment(["model=780m", "optim.lr_from_pretrain=0.2"])
+    assert cfg.optim.lr == pytest.approx(2.5e-4)
+    with pytest.raises(ValueError, match=r"optim.lr_from_pretrain must be in \(0, 1\] or null; got 2.0"):
+        load_experiment(["model=780m", "optim.lr_from_pretrain=2.0"])

@@ -80,6 +80,10 @@ class EvalConfig:
     """"auto" (CUDA if available), "cpu", "cuda", "cuda:1", ..."""
     backend: str = "auto"
     """Model backend: auto / torch / kernel (see recurlen.arch)."""
+    padded_vocab: bool = False
+    """Normalise next-token distributions over the padded LM head (the official Mamba-2 models' 50288 rows, as
+    their own evaluation does) instead of the vocab_size real rows (recurlen's default; the padded rows are
+    never targets). Changes the NLL by log(1 + padded mass) per token."""
     bf16: bool = False
     """bf16 autocast on CUDA (ignored on CPU); the NLL and the TV are always computed in float32+."""
     progress: bool = True
@@ -206,6 +210,11 @@ def run_eval(cfg: EvalConfig, sequences: torch.Tensor | list[torch.Tensor]) -> d
         train_len = cfg.train_len or loaded.train_seq_len
         if train_len is None:
             raise ValueError(f"eval [{label}]: {path} does not record its training context; set EvalConfig.train_len")
+        if cfg.padded_vocab:
+            if not hasattr(loaded.model, "score_padded_vocab"):
+                raise ValueError(f"eval [{label}]: padded_vocab=true needs a model with a padded LM head "
+                                 f"(Mamba-2); {type(loaded.model).__name__} has none")
+            loaded.model.score_padded_vocab = True
         log.info("evaluating %s (%s) at T=%d on %s", label, loaded.source, train_len, device)
         entry = evaluate_model(loaded.model, sequences, cfg=cfg, train_len=train_len, label=label,
                                source=loaded.source, device=device)

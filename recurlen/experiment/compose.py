@@ -117,6 +117,10 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(dotlist))
         if not layout_explicit:  # the intervention decides how lanes walk the data unless told otherwise
             merged.data.layout = LAYOUT_FOR.get(merged.intervention.name, merged.data.layout)
+        lr_explicit = any(d.startswith("optim.lr=") for d in dotlist)
+        if merged.optim.lr_from_pretrain is not None and merged.model.pretrain_lr is not None and not lr_explicit:
+            # Post-training at a fraction of the model's own pre-training peak rate (the paper: ~1/10).
+            merged.optim.lr = float(merged.model.pretrain_lr) * float(merged.optim.lr_from_pretrain)
     except OmegaConfBaseException as err:
         raise ValueError(f"bad config: {_explain(err, schema)}") from err
     if not merged.name:

@@ -33,6 +33,9 @@ class ModelSection:
     unset fields keep its defaults); ignored (the checkpoint's config wins) when `pretrained` is set."""
     default_data: str | None = None
     """The data group used with this model unless the command line picks one (official models: pile)."""
+    pretrain_lr: float | None = None
+    """Peak learning rate the checkpoint was pre-trained with (official models: see experiments/model/*.yaml);
+    post-training uses a fraction of it (optim.lr_from_pretrain)."""
 
     def __post_init__(self) -> None:
         a = architectures.get(self.architecture)
@@ -42,6 +45,8 @@ class ModelSection:
         a.config_from_dict(self.arch)  # validates the arch fields (unknown keys and bad values name themselves)
         if self.backend not in BACKENDS:
             raise ValueError(f"model.backend={self.backend!r} is unknown; allowed: {list(BACKENDS)}")
+        if self.pretrain_lr is not None and not self.pretrain_lr > 0:
+            raise ValueError(f"model.pretrain_lr must be > 0 or null; got {self.pretrain_lr}")
 
     @property
     def config(self):
