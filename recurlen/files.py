@@ -8,6 +8,7 @@ power cut.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -15,6 +16,9 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from recurlen import faults
+from recurlen.errors import UserError
 
 
 def _fsync_path(path: Path) -> None:
@@ -30,16 +34,54 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def _free_bytes(directory: Path) -> int:
+    import shutil
+
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return 1 << 62
+
+
+def _user_error(err: OSError, path: Path) -> UserError | None:
+    """A full disk, a read-only file system or missing permissions: the user's to fix, said in one line."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UserError(f"no space left on device while writing {path} (nothing was replaced: the files written "
+                         "before are intact); free space or choose another run_dir, then rerun: a run resumes from "
+                         "its newest checkpoint")
+    if err.errno == errno.EROFS:
+        return UserError(f"cannot write {path}: read-only file system; choose a writable run_dir")
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return UserError(f"cannot write {path}: permission denied; choose a writable run_dir or fix its permissions")
+    return None
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """Call write(tmp) on a unique temporary sibling of path, fsync it and rename it onto path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # A name no other writer uses (process id + random), hidden, in the same directory so the rename is atomic.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        faults.at("start", path)
         write(tmp)
+        faults.at("middle", path, tmp)
         _fsync_path(tmp)
+        faults.at("rename", path, tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        user = _user_error(err, path)
+        if user is None:
+            raise
+        raise user from err
+    except RuntimeError as err:
+        # torch.save reports a short write on a full disk as "unexpected pos N vs M", not as ENOSPC.
+        full = "unexpected pos" in str(err) and _free_bytes(path.parent) < (1 << 20)
+        tmp.unlink(missing_ok=True)
+        if not full:
+            raise
+        raise _user_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path) from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from recurlen.errors import UserError
 from recurlen.eval.plots import PLOT_NAMES, results_file, write_plots
 from recurlen.files import write_json, write_text
 from recurlen.tasks.report import check_task_result, is_task_result, strip_private, task_sections
@@ -112,14 +113,20 @@ def read_results(paths: Sequence[str | os.PathLike]) -> tuple[list[dict], list[d
     runs, tasks = [], []
     for path in paths:
         p = results_file(path)
-        data = json.loads(p.read_text())
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as err:
+            raise UserError(f"{p} is not valid JSON ({err}); it is not a recurlen results file") from err
+        if not isinstance(data, dict):
+            raise UserError(f"{p} holds a JSON {type(data).__name__}, not a recurlen results file (a JSON object "
+                            "with 'runs', from `recurlen eval` / `recurlen report`, or a task result)")
         if is_task_result(data):
             tasks.append({**check_task_result(data, str(p)), "_dir": str(p.parent)})
         elif "runs" in data:
             runs.extend(data["runs"])
             tasks.extend({**check_task_result(t, str(p)), "_dir": str(p.parent)} for t in data.get("tasks", []))
         else:
-            raise ValueError(f"{p} is not a recurlen results file: neither evaluation runs (a 'runs' key, from "
+            raise UserError(f"{p} is not a recurlen results file: neither evaluation runs (a 'runs' key, from "
                              "`recurlen eval` / `recurlen report`) nor a task result (`recurlen passkey|babilong|"
                              "copying`)")
     return runs, tasks

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from recurlen.errors import UserError
+
 
 class Tokenizer(Protocol):
     name: str
@@ -49,7 +51,12 @@ class HFTokenizer:
         if file.is_file():
             from tokenizers import Tokenizer as FastTokenizer
 
-            self._tok = FastTokenizer.from_file(str(file))
+            try:
+                self._tok = FastTokenizer.from_file(str(file))
+            except Exception as err:  # the tokenizers library raises a bare Exception for a malformed file
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                raise UserError(f"{file} is not a valid tokenizer.json ({first}); use the file the model was "
+                                "trained with, or data.tokenizer=bytes") from err
             self._hf = None
             self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
             self.eos_id = self._find_eos(path if path.is_dir() else path.parent)

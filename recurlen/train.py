@@ -44,6 +44,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         save_torch(checkpoint, path)
 
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        # Never unpickle code, whatever torch's default or the caller asks: a checkpoint handed over is data.
+        return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+
 
 class RunCheckpoint(ModelCheckpoint):
     """step=N.ckpt every N steps plus last.ckpt, which is also written when training ends off the interval.
@@ -182,7 +186,7 @@ def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | N
     if ckpt_path:
         rank_zero_info(f"resuming from {ckpt_path}")
     _save_config(run, resolved)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     fitted = module.intervention
     if isinstance(fitted, FittedNoise) and fitted.stats is not None and trainer.is_global_zero:
         fitted.stats.save(str(run.fitted_noise))

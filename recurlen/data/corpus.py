@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -163,11 +164,45 @@ class _Writer:
         np.save(self.directory / "offsets.npy", offsets)
         np.save(self.directory / "doc_hash.npy", np.concatenate(self._hashes))
         meta = dict(meta, num_documents=len(lengths), num_tokens=int(offsets[-1]), dtype=self.dtype.name,
-                    skipped_empty=int(self.rows - len(lengths)))
+                    skipped_empty=int(self.rows - len(lengths)), tokens_sha256=_sha256(self.directory / "tokens.bin"))
         (self.directory / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
 
     def abort(self) -> None:
         self._file.close()
+
+
+CHECKSUM_LIMIT = 4 << 30
+"""tokens.bin up to this size is checksummed on every load; larger caches get the structural checks only."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cache_problem(path: Path) -> str | None:
+    """What is wrong with a finished cache directory (None: intact): sizes, offsets and the tokens' checksum."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        n_tokens, n_docs = int(meta["num_tokens"]), int(meta["num_documents"])
+        size = (path / "tokens.bin").stat().st_size
+        if size != n_tokens * np.dtype(meta["dtype"]).itemsize:
+            return f"tokens.bin holds {size} bytes, meta.json says {n_tokens} {meta['dtype']} tokens"
+        offsets, hashes = np.load(path / "offsets.npy"), np.load(path / "doc_hash.npy")
+        if (offsets.shape != (n_docs + 1,) or offsets[0] != 0 or offsets[-1] != n_tokens
+                or (np.diff(offsets) < 0).any()):
+            return "offsets.npy does not describe tokens.bin"
+        if hashes.shape != (n_docs,):
+            return f"doc_hash.npy has {hashes.shape[0]} entries for {n_docs} documents"
+        want = meta.get("tokens_sha256")
+        if want and size <= CHECKSUM_LIMIT and _sha256(path / "tokens.bin") != want:
+            return "tokens.bin does not match its checksum"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> dict[str, Any]:
@@ -192,19 +227,26 @@ def load_corpus(cfg: DataConfig, tokenizer: Tokenizer) -> Corpus:
     source = resolve_source(cfg)
     key = corpus_key(cfg, tokenizer, source)
     final = cfg.cache_root / f"corpus-{key}"
-    if (final / "meta.json").is_file():
-        return Corpus.load(final)
+    if final.exists():
+        problem = cache_problem(final)
+        if problem is None:
+            return Corpus.load(final)
+        # A damaged cache is rebuilt, never read; the damaged one is kept aside for inspection.
+        aside = final.with_name(f".{final.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        try:
+            os.replace(final, aside)
+            log.warning("corpus cache %s is damaged (%s); moved it to %s and rebuilding it", final, problem, aside)
+        except FileNotFoundError:
+            pass  # another process moved it first
     cfg.cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".corpus-{key}.", dir=cfg.cache_root))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the finished cache may be shared
     try:
         _build(cfg, tokenizer, source, key, tmp)
-        if final.exists() and not (final / "meta.json").is_file():
-            shutil.rmtree(final)  # left by something other than this code; never a finished cache
         try:
             os.replace(tmp, final)
         except OSError:
-            if not (final / "meta.json").is_file():
+            if cache_problem(final) is not None:
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # another process finished the same build first
     except BaseException:
