@@ -145,6 +145,8 @@ def register_custom_scalars(trainer: pl.Trainer, category: str, charts: Mapping[
     for writer in tensorboard_writers(trainer):
         layout = getattr(writer, "_recurlen_custom_scalars", {})
         layout[category] = {title: ["Multiline", list(tags)] for title, tags in charts.items()}
+        # The per-bin comparisons open the tab, whichever callback registered first.
+        layout = dict(sorted(layout.items(), key=lambda item: "position bin" not in item[0]))
         writer._recurlen_custom_scalars = layout
         writer.add_custom_scalars(layout)
 
@@ -199,7 +201,17 @@ class DiagnosticCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         category, charts = self.layout()
-        register_custom_scalars(trainer, category, charts)
+        if charts:
+            register_custom_scalars(trainer, category, charts)
+
+    def hparam_metrics(self) -> list[str]:
+        """Scalar tags of this diagnostic that are columns of the HParams table (after an evaluation)."""
+        return []
+
+    @staticmethod
+    def show_progress(trainer: pl.Trainer) -> bool:
+        """A progress bar for the diagnostic's evaluation: on rank 0, when the run shows progress."""
+        return bool(trainer.is_global_zero and trainer.progress_bar_callback is not None)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:

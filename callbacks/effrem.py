@@ -1,7 +1,7 @@
 """Effective Remembrance EffRem_T(t) during validation (see recurlen.eval.effrem).
 
-Logs `{prefix}/effrem@t={t}` for every t of the grid (T defaults to 4x the training context, the
-grid to evenly spaced values in [0, T-1]) and the figure `{prefix}/figures/effrem`.
+Logs `{prefix}/effrem@t={t/T:.3f}T` for every t > 0 of the grid, t as a fraction of T (T defaults to 4x the
+training context, the grid to evenly spaced values in [0, T-1]), and the figure `{prefix}/figures/effrem`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from callbacks._common import (
 )
 from recurlen.eval.effrem import EffRemResult, check_t_grid, default_t_grid, effective_remembrance
 from recurlen.eval.plots import plot_effrem
+from recurlen.tb_logging import fraction_tag
 
 
 class EffectiveRemembrance(DiagnosticCallback):
@@ -40,6 +41,10 @@ class EffectiveRemembrance(DiagnosticCallback):
         self.t_grid = None if t_grid is None else [int(t) for t in t_grid]
         self.num_points = num_points
         self.max_batch_rows = max_batch_rows
+        self.tags: list[str] = []
+
+    def hparam_metrics(self) -> list[str]:
+        return list(self.tags)
 
     def layout(self) -> tuple[str, dict[str, list[str]]]:
         p = re.escape(self.prefix)
@@ -59,12 +64,17 @@ class EffectiveRemembrance(DiagnosticCallback):
         if share_NT.shape[0]:
             result = effective_remembrance(model, share_NT, context_len=context_len, t_grid=grid,
                                            train_len=train_len, chunk_len=chunk_len, batch_size=self.batch_size,
-                                           max_batch_rows=self.max_batch_rows, bf16=self.bf16)
+                                           max_batch_rows=self.max_batch_rows, bf16=self.bf16,
+                                           progress=self.show_progress(trainer))
         totals = synced_sums(pl_module, {"tv": result.tv_sum_G,
                                          "count": torch.tensor(float(result.count), dtype=torch.float64)})
         result = EffRemResult(context_len, grid, totals["tv"], int(totals["count"]))
         mean_G = result.mean()
-        self.log_scalars(pl_module, {f"{self.prefix}/effrem@t={t}": float(v) for t, v in zip(grid, mean_G)})
+        # t as a fraction of EffRem's T (the same tag at any T); t = 0 is TV(q, q) = 0 by definition.
+        scalars = {f"{self.prefix}/effrem@t={fraction_tag(t, context_len)}": float(v)
+                   for t, v in zip(grid, mean_G) if t > 0}
+        self.log_scalars(pl_module, scalars)
+        self.tags = list(scalars)
         self.last_results = {"label": f"step {trainer.global_step}", "train_len": train_len,
                              "effrem": result.to_dict()}
         if self.log_figures:

@@ -2,8 +2,10 @@
 
 Logs `{prefix}/loss@[kT,2kT)`, `{prefix}/ppl@[kT,2kT)` and `{prefix}/full_minus_reset@[kT,2kT)` for the
 bins [0,T), [T,2T), [2T,4T), ... (T = the training context; with bins="log" the log-spaced bins,
-named in tokens, e.g. `{prefix}/ppl@[128,256)`), and two figures (perplexity by position over the
-log-spaced bins, full - reset) under `{prefix}/figures/`.
+named in tokens, e.g. `{prefix}/ppl@[0128,0256)`), and two figures (perplexity by position over the
+log-spaced bins, full - reset) under `{prefix}/figures/`. Tag names are zero-padded so that they sort in
+position order (`[01T,02T)` ... `[16T,32T)`); full - reset of [0,T) (always 0) is not logged. The
+custom-scalars layout has one chart per bin, in which every run is a line.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from callbacks._common import (
     DiagnosticCallback,
     log_figures,
     rank_share,
+    register_custom_scalars,
     synced_sums,
 )
 from recurlen.eval.bins import bin_summary, bin_sums, context_bins, log_bins
 from recurlen.eval.plots import plot_full_minus_reset, plot_positionwise
 from recurlen.eval.positionwise import POSITION_CONVENTION, evaluate_positionwise
+from recurlen.tb_logging import bin_width, sortable_bin
 
 SCALAR_BINS = ("multiples", "log")
 
@@ -49,13 +53,27 @@ class PositionwisePerplexity(DiagnosticCallback):
         self.seq_len = seq_len
         self.num_log_bins = log_bins
         self.reset_control = reset_control
+        self.tags: list[str] = []
+        """The scalar tags of the latest evaluation (the [0,T) loss first)."""
 
     def layout(self) -> tuple[str, dict[str, list[str]]]:
-        p = re.escape(self.prefix)
-        charts = {"perplexity by position bin": [rf"^{p}/ppl@"], "loss by position bin": [rf"^{p}/loss@"]}
-        if self.reset_control:
-            charts["full - reset every T (> 0: longer context hurts)"] = [rf"^{p}/full_minus_reset@"]
-        return "recurlen: perplexity by position", charts
+        return "", {}  # per-bin charts, registered once the bins are known (first evaluation)
+
+    def bin_layout(self, tags: list[str]) -> list[tuple[str, dict[str, list[str]]]]:
+        """One chart per position bin, each run a line: runs compare directly, bin by bin."""
+        out = []
+        for kind, short, category in (
+                ("ppl", "ppl", "perplexity by position bin"),
+                ("full_minus_reset", "full - reset", "full - reset by position bin (> 0: longer context hurts)")):
+            prefix = f"{self.prefix}/{kind}@"
+            charts = {f"{short} {t[len(prefix):]}": [f"^{re.escape(t)}$"] for t in tags if t.startswith(prefix)}
+            if charts:
+                out.append((f"recurlen: {category}", charts))
+        return out
+
+    def hparam_metrics(self) -> list[str]:
+        """Loss in [0,T) and full - reset per bin: the HParams table's columns."""
+        return [t for t in self.tags if "/full_minus_reset@" in t or t == self.tags[0]] if self.tags else []
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         model, train_len, chunk_len = self.model_and_lengths(pl_module)
@@ -70,7 +88,7 @@ class PositionwisePerplexity(DiagnosticCallback):
         if share_NL.shape[0]:
             res = evaluate_positionwise(model, share_NL, train_len=train_len, chunk_len=chunk_len,
                                         batch_size=self.batch_size, reset_control=self.reset_control,
-                                        state_stats=False, bf16=self.bf16)
+                                        state_stats=False, bf16=self.bf16, progress=self.show_progress(trainer))
             local["nll"] = bin_sums(res.nll_sum_P, bins)
             local["count"] = bin_sums(res.count_P(), bins)
             if self.reset_control:
@@ -79,12 +97,19 @@ class PositionwisePerplexity(DiagnosticCallback):
         rows = bin_summary(bins, totals["nll"], totals["count"], totals.get("reset"))
         ctx_rows, fine_rows = rows[:len(ctx_bins)], rows[len(ctx_bins):]
         scalars = {}
-        for row in ctx_rows if self.bins == "multiples" else fine_rows:
-            scalars[f"{self.prefix}/loss@{row['name']}"] = row["loss"]
-            scalars[f"{self.prefix}/ppl@{row['name']}"] = row["ppl"]
-            if self.reset_control:
-                scalars[f"{self.prefix}/full_minus_reset@{row['name']}"] = row["full_minus_reset"]
+        rows_logged = ctx_rows if self.bins == "multiples" else fine_rows
+        width = bin_width(seq_len // train_len if self.bins == "multiples" else seq_len)
+        for row in rows_logged:
+            name = sortable_bin(row["name"], width)
+            scalars[f"{self.prefix}/loss@{name}"] = row["loss"]
+            scalars[f"{self.prefix}/ppl@{name}"] = row["ppl"]
+            if self.reset_control and row["end"] > train_len:  # within [0,T) the reset changes nothing: always 0
+                scalars[f"{self.prefix}/full_minus_reset@{name}"] = row["full_minus_reset"]
         self.log_scalars(pl_module, scalars)
+        if not self.tags:
+            for category, charts in self.bin_layout(list(scalars)):
+                register_custom_scalars(trainer, category, charts)
+        self.tags = list(scalars)
         self.last_results = {
             "label": f"step {trainer.global_step}", "train_len": train_len, "seq_len": seq_len,
             "positionwise": {"train_len": train_len, "seq_len": seq_len, "num_sequences": seqs_NL.shape[0],

@@ -35,6 +35,14 @@ def _setup_logging() -> None:
         root.addHandler(handler)
     root.setLevel(logging.INFO)
     root.propagate = False
+    for name in ("lightning.pytorch", "lightning.fabric"):  # Lightning's own console handlers, likewise
+        lightning_log = logging.getLogger(name)
+        for i, old in enumerate(lightning_log.handlers):
+            if type(old) is logging.StreamHandler:
+                new = TqdmHandler(old.stream)
+                new.setFormatter(old.formatter)
+                new.setLevel(old.level)
+                lightning_log.handlers[i] = new
     # Known-harmless library warnings that would otherwise greet every run.
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
     warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined.*")

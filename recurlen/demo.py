@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,22 +125,53 @@ def _stage_done(run_dir: Path, args: list[str]) -> bool:
     return marker.is_file() and json.loads(marker.read_text()).get("args") == args
 
 
-def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int) -> dict:
-    """One training run in a subprocess (its own threads and log); skipped when already done."""
+def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int,
+              on_step: Callable[[int, int], None] | None = None) -> dict:
+    """One training run in a subprocess (its own threads and log); skipped when already done.
+
+    The subprocess shows its step bar; its output goes to <run_dir>/train.log (the bar's last state per
+    line) and every update is passed to on_step(step, max_steps), so the demo's own bar can show it."""
     if _stage_done(run_dir, args):
         return {"stage": name, "reused": True, "seconds": 0.0}
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "recurlen.cli", "finetune", *args, f"trainer.num_threads={threads}"]
+    # The progress override comes after `args`, which stay what the done marker records.
+    cmd = [sys.executable, "-m", "recurlen.cli", "finetune", *args, f"trainer.num_threads={threads}",
+           "trainer.progress_bar=true"]
     start = time.perf_counter()
     with open(run_dir / "train.log", "w") as logfile:
-        proc = subprocess.run(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        _follow(proc, logfile, on_step)
+        returncode = proc.wait()
     seconds = time.perf_counter() - start
-    if proc.returncode != 0:
+    if returncode != 0:
         tail = (run_dir / "train.log").read_text()[-2000:]
-        raise RuntimeError(f"demo stage {name} failed (exit {proc.returncode}); log {run_dir / 'train.log'}:\n{tail}")
+        raise RuntimeError(f"demo stage {name} failed (exit {returncode}); log {run_dir / 'train.log'}:\n{tail}")
     write_json(run_dir / DONE_MARKER, {"args": args, "seconds": seconds})
     return {"stage": name, "reused": False, "seconds": seconds}
+
+
+STEP_BAR = re.compile(r"train:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)")
+
+
+def _follow(proc: subprocess.Popen, logfile, on_step: Callable[[int, int], None] | None) -> None:
+    """Copy a stage's output to its log, a progress bar's redraws reduced to their last state per line."""
+    line = ""
+    assert proc.stdout is not None
+    for raw in iter(lambda: proc.stdout.read1(4096), b""):
+        for part in re.split(r"(\r|\n)", raw.decode(errors="replace")):
+            if part == "\n":
+                logfile.write(line + "\n")
+                line = ""
+            elif part == "\r":  # a redraw: the bar starts over on the same line
+                line = ""
+            elif part:
+                line += part
+                match = STEP_BAR.search(line)
+                if match and on_step is not None:
+                    on_step(int(match.group(1)), int(match.group(2)))
+    if line:
+        logfile.write(line + "\n")
 
 
 def _stage_args(cfg: DemoConfig, experiment: str, run_dir: Path, steps: int | None, extra: list[str]) -> list[str]:
@@ -159,11 +191,21 @@ def run_demo(cfg: DemoConfig) -> Path:
 
     _prepare_corpus(cfg)  # once, before parallel stages would race to build the same cache
     stages = tqdm(total=2 + len(cfg.interventions), desc="demo", unit="stage", dynamic_ncols=True)
+    running: dict[str, str] = {}
+
+    def stepper(name: str) -> Callable[[int, int], None]:
+        def on_step(step: int, total: int) -> None:
+            running[name] = f"{name} {step}/{total}"
+            stages.set_postfix_str(", ".join(running.values()))
+
+        return on_step
+
     stages.set_postfix_str("pretrain")
     pretrain_dir = root / "pretrain"
     timings.append(run_stage("pretrain", pretrain_dir,
                              _stage_args(cfg, cfg.pretrain_experiment, pretrain_dir, cfg.pretrain_steps, []),
-                             threads=total_threads))
+                             threads=total_threads, on_step=stepper("pretrain")))
+    running.clear()
     stages.update(1)
 
     base = RunDir(pretrain_dir).last_checkpoint
@@ -172,15 +214,17 @@ def run_demo(cfg: DemoConfig) -> Path:
         run_dir = root / "post" / name
         args = _stage_args(cfg, cfg.posttrain_experiment, run_dir, cfg.posttrain_steps,
                            [f"intervention={name}", f"model.pretrained={base}"])
-        result = run_stage(f"post/{name}", run_dir, args, threads=cfg.threads_per_run)
+        result = run_stage(f"post/{name}", run_dir, args, threads=cfg.threads_per_run,
+                           on_step=stepper(f"post/{name}"))
+        running.pop(f"post/{name}", None)
         stages.update(1)
-        stages.set_postfix_str(f"post/{name} done")
+        stages.set_postfix_str(", ".join(running.values()) or f"post/{name} done")
         return result
 
     with ThreadPoolExecutor(max_workers=cfg.parallel) as pool:
         timings += list(pool.map(post, cfg.interventions))
 
-    stages.set_postfix_str("eval")
+    stages.set_postfix_str("eval (position-wise, reset control, state, EffRem)")
     _evaluate(cfg, root, base, threads=total_threads)
     stages.update(1)
     stages.close()

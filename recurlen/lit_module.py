@@ -89,11 +89,12 @@ class RecurlenModule(L.LightningModule):
         now = time.perf_counter()
         if self._t_last is not None and now > self._t_last:
             tokens = batch["input_ids"].numel() * self.trainer.world_size
-            self.log("train/tokens_per_s", tokens / (now - self._t_last), batch_size=1)
+            self.log("train/tokens_per_s", tokens / (now - self._t_last), batch_size=1, prog_bar=True)
         self._t_last = now
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        # The rate this optimizer step uses: the scheduler steps after it, so reading it later shows step k+1's.
+        self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=1)
         norms = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
         if norms:
             self.log("train/grad_norm", torch.stack(norms).norm(), batch_size=1)

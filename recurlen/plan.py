@@ -19,7 +19,8 @@ RUN_CHECKPOINT = Path(CHECKPOINTS_DIR) / LAST_CHECKPOINT
 
 def looks_like_hub_id(spec: str) -> bool:
     """owner/name, where `owner` is not a local directory (runs/x is a missing run, not a hub id)."""
-    return (spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).suffix
+    return (spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+            and Path(spec).suffix not in (".ckpt", ".pt", ".bin", ".json", ".safetensors")
             and not Path(spec.split("/")[0]).is_dir())
 
 

@@ -1,4 +1,4 @@
-"""Progress output that never breaks: log lines written through tqdm, so they land above the bars."""
+"""Log lines written through tqdm, so that they land above progress bars instead of inside them."""
 
 from __future__ import annotations
 

@@ -7,8 +7,11 @@ Writes <out>/report.md, <out>/results.json (all runs merged, plus the verdicts) 
 Works on the CPU demo and on GPU evaluations of the official checkpoints alike; the long-context tasks'
 results (passkey, BABILong, copying) get their own section (recurlen.tasks.report).
 
-Verdicts read the paired control: full - reset per position bin, where "reset" scores the same tokens
-with the state zeroed every T tokens. It removes the bin-to-bin differences of content, so:
+Verdicts first check that a run uses its context at all: its loss in [T,2T) must be clearly (10%) below
+the unigram loss of the same held-out tokens, the best any model that ignores context can do; otherwise
+the verdict is "does not use context". Then they read the paired control: full - reset per position bin,
+where "reset" scores the same tokens with the state zeroed every T tokens. It removes the bin-to-bin
+differences of content, so:
   full - reset <= tolerance in every bin   -> the run length-generalizes there
   full - reset >= fail_margin in a bin     -> longer context hurts: it fails to length-generalize
 """
@@ -30,6 +33,8 @@ GENERALIZES_TOL = 0.05
 """full - reset at most this (nats) counts as no harm from the longer context."""
 FAILS_MARGIN = 0.3
 """full - reset at least this (nats) counts as a clear failure."""
+USES_CONTEXT_REL = 0.1
+"""A run uses its context if its loss in [T,2T) is at least this fraction below the unigram loss."""
 
 
 def bins_of(run: dict) -> list[dict]:
@@ -44,9 +49,30 @@ def _bin_end_multiple(row: dict, train_len: int) -> float:
     return row["end"] / train_len
 
 
-def run_verdict(run: dict, *, up_to_multiple: float | None = None) -> dict:
-    """Does full - reset stay <= tolerance in every bin (up to a multiple of T)? Where does it fail?"""
+def uses_context(run: dict) -> tuple[bool | None, str]:
+    """Is the loss in [T,2T) clearly below the no-context (unigram) loss of the same held-out tokens?
+
+    None when the results do not say (no unigram_loss, e.g. results of an older recurlen)."""
     T = run.get("train_len") or (run.get("positionwise") or {}).get("train_len")
+    row = next((r for r in bins_of(run) if T and r["start"] == T), None)
+    unigram = run.get("unigram_loss")
+    if row is None or row.get("loss") is None or not unigram:
+        return None, ""
+    uses = row["loss"] <= (1.0 - USES_CONTEXT_REL) * unigram
+    return uses, (f"loss in {row['name']} {row['loss']:.3f} vs {unigram:.3f} for the held-out tokens' unigram "
+                  f"frequencies (no context)")
+
+
+def run_verdict(run: dict, *, up_to_multiple: float | None = None) -> dict:
+    """Does the run use its context at all? If so: does full - reset stay <= tolerance in every bin (up to a
+    multiple of T), and where does it fail?"""
+    T = run.get("train_len") or (run.get("positionwise") or {}).get("train_len")
+    uses, evidence = uses_context(run)
+    if uses is False:
+        # full - reset is ~0 for a model that ignores context: it would pass as "length-generalizes".
+        return {"label": run["label"], "measured": True, "uses_context": False, "generalizes": False,
+                "fails": False, "text": f"{run['label']}: does not use context ({evidence}; it must be at least "
+                                        f"{USES_CONTEXT_REL:.0%} lower): full - reset says nothing here"}
     rows = [r for r in bins_of(run) if r.get("full_minus_reset") is not None and r["start"] >= T]
     if up_to_multiple is not None:
         rows = [r for r in rows if _bin_end_multiple(r, T) <= up_to_multiple + 1e-9]
@@ -65,7 +91,8 @@ def run_verdict(run: dict, *, up_to_multiple: float | None = None) -> dict:
     else:
         text = (f"{run['label']}: mostly holds, but the longer context costs up to {worst['full_minus_reset']:+.3f} "
                 f"nats in {worst['name']}")
-    return {"label": run["label"], "measured": True, "generalizes": generalizes, "fails": first_fail is not None,
+    return {"label": run["label"], "measured": True, "uses_context": uses, "generalizes": generalizes,
+            "fails": first_fail is not None,
             "worst_bin": worst["name"], "worst_full_minus_reset": worst["full_minus_reset"], "text": text}
 
 

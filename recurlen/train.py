@@ -13,7 +13,6 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
@@ -25,7 +24,9 @@ from recurlen.experiment.schema import ExperimentConfig
 from recurlen.files import save_torch, write_json
 from recurlen.interventions import FittedNoise, fit_noise_stats
 from recurlen.lit_module import RecurlenModule
+from recurlen.progress_bar import StepProgressBar
 from recurlen.runs import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
+from recurlen.tb_logging import RunTensorBoardLogger
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
     every_val = t.val_every_n_steps if t.val_every_n_steps > 0 else t.max_steps
     every_ckpt = t.checkpoint_every_n_steps if t.checkpoint_every_n_steps > 0 else t.max_steps
     callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run), *extra_callbacks]
+    if t.progress_bar:
+        callbacks.append(StepProgressBar())
     plugins: list = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=t.slurm_auto_requeue))
@@ -129,7 +132,7 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
         gradient_clip_val=cfg.optim.grad_clip or None, val_check_interval=min(every_val, t.max_steps) * accum,
         check_val_every_n_epoch=None, limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.progress_bar, deterministic=t.deterministic,
-        logger=TensorBoardLogger(save_dir=str(run.path), name=TENSORBOARD_DIR, version="", default_hp_metric=False),
+        logger=RunTensorBoardLogger(save_dir=str(run.path), name=TENSORBOARD_DIR, version="", default_hp_metric=False),
         callbacks=callbacks, plugins=plugins, use_distributed_sampler=False, default_root_dir=str(run.path),
     )
 
@@ -144,7 +147,7 @@ def diagnostics_callbacks(cfg: ExperimentConfig, datamodule: L.LightningDataModu
 
     None when the DataModule has no long held-out documents (or the config keeps none): then what the run
     learned past its context is measured by whoever owns that data (a task's own evaluation)."""
-    from callbacks import EffectiveRemembrance, PositionwisePerplexity, StateNormMonitor
+    from callbacks import EffectiveRemembrance, HParamsTable, PositionwisePerplexity, StateNormMonitor
 
     if not callable(getattr(datamodule, "long_validation_sequences", None)) or cfg.data.val_sequences == 0:
         return []
@@ -154,10 +157,18 @@ def diagnostics_callbacks(cfg: ExperimentConfig, datamodule: L.LightningDataModu
     if d.positionwise:
         out.append(PositionwisePerplexity(bins=d.bins, **common))
     if d.state_norm:
-        out.append(StateNormMonitor(**common))
+        out.append(StateNormMonitor(layers=d.state_layers, **common))
     if d.effrem:
         out.append(EffectiveRemembrance(context_len=d.effrem_T_factor * T, num_points=d.effrem_points, **common))
-    return out
+    return out + [HParamsTable(hparams_row(cfg), out)] if out else out
+
+
+def hparams_row(cfg: ExperimentConfig) -> dict[str, object]:
+    """What tells runs apart in TensorBoard's HParams table."""
+    iv = cfg.intervention
+    return {"experiment": cfg.name, "model": cfg.model.name, "intervention": iv.name,
+            "reset_prob": iv.reset_prob if iv.name in ("state_passing", "tbptt") else 0.0, "lr": cfg.optim.lr,
+            "max_steps": cfg.trainer.max_steps, "T": cfg.data.seq_len}
 
 
 def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | None = None,

@@ -18,6 +18,7 @@ from callbacks._common import held_out_sequences
 from recurlen import Mamba2LM, preset
 from recurlen.eval.effrem import effective_remembrance
 from recurlen.eval.positionwise import evaluate_positionwise
+from recurlen.tb_logging import fraction_tag, sortable_bin
 
 T = 32
 LONG = 160
@@ -67,10 +68,10 @@ class TinyData(pl.LightningDataModule):
         return self.tokens[start: start + self.num_long * LONG].view(self.num_long, LONG)
 
 
-def make_callbacks(**common):
+def make_callbacks(layers=None, **common):
     return [
         PositionwisePerplexity(chunk_len=50, log_bins=5, **common),
-        StateNormMonitor(chunk_len=50, state_points=6, **common),
+        StateNormMonitor(chunk_len=50, state_points=6, layers=layers, **common),
         EffectiveRemembrance(num_points=5, chunk_len=64, **common),
     ]
 
@@ -96,20 +97,21 @@ def test_callbacks_log_scalars_figures_and_layout(tmp_path):
     trainer, module, acc = fit(tmp_path, cbs)
     tags = acc.Tags()
     scalars = set(tags["scalars"])
-    bins = ["[0,T)", "[T,2T)", "[2T,4T)", "[4T,8T)"]
-    want = {f"val/{k}@{b}" for k in ("loss", "ppl", "full_minus_reset") for b in bins}
-    want |= {f"val/state_{s}/layer{i}@{at}" for s in ("norm", "std") for i in (0, 1) for at in ("T", "2T", "4T")}
-    want |= {f"val/state_norm/mean@{at}" for at in ("T", "2T", "4T")}
-    want |= {f"val/effrem@t={t}" for t in (0, 32, 64, 95, 127)}
+    bins = ["[0,1T)", "[1T,2T)", "[2T,4T)", "[4T,8T)"]  # L = 5T: one digit sorts them
+    want = {f"val/{k}@{b}" for k in ("loss", "ppl") for b in bins}
+    want |= {f"val/full_minus_reset@{b}" for b in bins[1:]}  # [0,T): 0 by construction, not logged
+    want |= {f"val/state_{s}/mean@{at}" for s in ("norm", "std") for at in ("1T", "2T", "4T")}
+    want |= {f"val/effrem@t={t}T" for t in ("0.250", "0.500", "0.742", "0.992")}  # t = 0: 0 by definition
     assert want <= scalars, sorted(want - scalars)
-    assert not any(tag.startswith("val/state_norm/layer") and tag.endswith("@8T") for tag in scalars)  # 8T > L
+    assert not any(t.startswith(("val/state_norm/layer", "val/full_minus_reset@[0,")) for t in scalars)
+    assert "val/effrem@t=0.000T" not in scalars and not any(t.endswith("@8T") for t in scalars)  # 8T > L
     assert set(tags["images"]) >= {"val/figures/ppl_by_position", "val/figures/full_minus_reset",
                                    "val/figures/state", "val/figures/effrem"}
     assert "custom_scalars__config__" in tags["tensors"]
 
     # Skipped in the sanity check: one run per real validation epoch, logged at that epoch's step.
     # (Lightning logs validation-epoch scalars at the step of the last training batch: 1 and 3.)
-    steps = [e.step for e in acc.Scalars("val/ppl@[T,2T)")]
+    steps = [e.step for e in acc.Scalars("val/ppl@[1T,2T)")]
     assert steps == [1, 3]
     assert [e.step for e in acc.Images("val/figures/effrem")] == [1, 3]
     assert all(cb.num_runs == 2 and cb.val_epochs == 2 for cb in cbs)
@@ -121,12 +123,12 @@ def test_callbacks_log_scalars_figures_and_layout(tmp_path):
     for row in ref:
         assert logged[row["name"]]["loss"] == pytest.approx(row["loss"], rel=1e-5)
         assert logged[row["name"]]["full_minus_reset"] == pytest.approx(row["full_minus_reset"], abs=1e-5)
-        assert acc.Scalars(f"val/loss@{row['name']}")[-1].value == pytest.approx(row["loss"], rel=1e-5)
+        assert acc.Scalars(f"val/loss@{sortable_bin(row['name'], 1)}")[-1].value == pytest.approx(row["loss"], rel=1e-5)
     assert logged["[0,T)"]["full_minus_reset"] == 0.0
     assert math.exp(logged["[T,2T)"]["loss"]) == pytest.approx(logged["[T,2T)"]["ppl"])
     effrem = dict(zip(*(cbs[2].last_results["effrem"][k] for k in ("t", "effrem"))))
     assert effrem[0] == 0.0 and all(0.0 <= v <= 1.0 for v in effrem.values()) and effrem[127] > 0.0
-    assert acc.Scalars("val/effrem@t=127")[-1].value == pytest.approx(effrem[127], rel=1e-5)
+    assert acc.Scalars("val/effrem@t=0.992T")[-1].value == pytest.approx(effrem[127], rel=1e-5)
     state = cbs[1].last_results["state"]
     assert state["num_sequences"] == 3 and state["positions"][-1] == LONG
 
@@ -135,8 +137,11 @@ def test_callbacks_log_scalars_figures_and_layout(tmp_path):
 
     layout = layout_pb2.Layout()
     layout.ParseFromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
-    assert {c.title for c in layout.category} == {"recurlen: perplexity by position", "recurlen: recurrent state",
-                                                  "recurlen: effective remembrance"}
+    charts = {c.title: [ch.title for ch in c.chart] for c in layout.category}
+    assert set(charts) == {"recurlen: perplexity by position bin",
+                           "recurlen: full - reset by position bin (> 0: longer context hurts)",
+                           "recurlen: recurrent state", "recurlen: effective remembrance"}
+    assert charts["recurlen: perplexity by position bin"] == [f"ppl {b}" for b in bins]  # one chart per bin
 
 
 def test_every_n_val_epochs_and_errors(tmp_path):
@@ -146,8 +151,9 @@ def test_every_n_val_epochs_and_errors(tmp_path):
     assert (cb.val_epochs, cb.num_runs) == (3, 1)
     assert cb.state_dict() == {"val_epochs": 3, "num_runs": 1}
     log_tags = {t for t in acc.Tags()["scalars"] if t.startswith("val/ppl@")}
-    assert log_tags == {f"val/ppl@{row['name']}" for row in cb.last_results["positionwise"]["log_bins"]}
-    assert log_tags == {"val/ppl@[0,1)", "val/ppl@[1,13)", "val/ppl@[13,159)"}  # in tokens, up to L - 1
+    rows = cb.last_results["positionwise"]["log_bins"]
+    assert log_tags == {f"val/ppl@{sortable_bin(row['name'], 3)}" for row in rows}
+    assert log_tags == {"val/ppl@[000,001)", "val/ppl@[001,013)", "val/ppl@[013,159)"}  # tokens, up to L - 1
     assert not any(t.startswith("val/full_minus_reset@") for t in acc.Tags()["scalars"])
 
     with pytest.raises(ValueError, match=r"EffRem t=128 \(= T\) leaves an empty context"):
@@ -170,7 +176,7 @@ def test_two_ranks_share_sequences_and_sync(tmp_path):
     """2 CPU processes (gloo), 3 held-out sequences: rank 0 scores two, rank 1 one; the logged
     numbers must equal a single-process evaluation of all three (lr=0 keeps the weights fixed)."""
     logger = TensorBoardLogger(str(tmp_path), name="tb", version=0)
-    cbs = make_callbacks(log_figures=False)
+    cbs = make_callbacks(layers=[1], log_figures=False)
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0,
                          logger=logger, callbacks=cbs, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp_spawn")
@@ -180,15 +186,18 @@ def test_two_ranks_share_sequences_and_sync(tmp_path):
     seqs = TinyData().long_validation_sequences()
     res = evaluate_positionwise(model, seqs, train_len=T, chunk_len=50, state_points=6)
     for row in res.summary(num_log_bins=0)["bins"]:
-        assert acc.Scalars(f"val/loss@{row['name']}")[-1].value == pytest.approx(row["loss"], rel=1e-5)
-        assert acc.Scalars(f"val/full_minus_reset@{row['name']}")[-1].value == pytest.approx(
-            row["full_minus_reset"], abs=1e-5)
+        tag = sortable_bin(row["name"], 1)
+        assert acc.Scalars(f"val/loss@{tag}")[-1].value == pytest.approx(row["loss"], rel=1e-5)
+        if row["start"] >= T:
+            assert acc.Scalars(f"val/full_minus_reset@{tag}")[-1].value == pytest.approx(
+                row["full_minus_reset"], abs=1e-5)
     norm_KS = res.state.means()["ssm_norm"]
     want = float(norm_KS[1, res.state.positions.index(2 * T)])
     assert acc.Scalars("val/state_norm/layer1@2T")[-1].value == pytest.approx(want, rel=1e-5)
     eff = effective_remembrance(model, seqs, context_len=4 * T, num_points=5)
-    for t, value in zip(eff.t, eff.mean().tolist()):
-        assert acc.Scalars(f"val/effrem@t={t}")[-1].value == pytest.approx(value, rel=1e-4, abs=1e-7)
+    for t, value in zip(eff.t[1:], eff.mean().tolist()[1:]):
+        logged = acc.Scalars(f"val/effrem@t={fraction_tag(t, 4 * T)}")[-1].value
+        assert logged == pytest.approx(value, rel=1e-4, abs=1e-7)
 
 
 def test_sequences_requested_from_datamodule():

@@ -78,7 +78,7 @@ def test_tasks_subset(checkpoints, seqs, tmp_path):
     results = run_eval(cfg, seqs)
     run = results["runs"][0]
     assert run["label"] == "base" and set(run) == {"label", "source", "train_len", "seq_len", "architecture", "model",
-                                                   "positionwise"}
+                                                   "positionwise", "unigram_loss"}
     assert run["architecture"] == "mamba2" and run["model"].startswith("Mamba-2 (d_model 64, 2 layers")
     assert "reset_loss" not in run["positionwise"]["bins"][0]
     assert set(results["plots"]) == {"ppl", "loss"}

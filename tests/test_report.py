@@ -1,6 +1,7 @@
 """`recurlen report`: verdicts and demo checks on the paired control, and task results read alongside."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,50 @@ def test_bad_results_files_are_clear_errors(tmp_path):
         read_results([tmp_path / "z.json"])
     with pytest.raises(FileNotFoundError, match="no results.json"):
         read_results([tmp_path / "missing"])
+
+
+def test_a_model_that_uses_no_context_is_told_so(tmp_path):
+    """An untrained model has full - reset ~ 0 everywhere (it ignores its context), which alone reads as
+    "length-generalizes". Its loss past T is no better than the held-out tokens' unigram loss: the report
+    must say it does not use context."""
+    import torch
+
+    from recurlen import Mamba2LM, preset
+    from recurlen.checkpoint import save_pretrained
+    from recurlen.eval.runner import EvalConfig, run_eval
+
+    torch.manual_seed(0)
+    save_pretrained(Mamba2LM(preset("nano")), str(tmp_path / "untrained"))
+    text = (Path(__file__).resolve().parents[1] / "recurlen" / "model.py").read_bytes()[:2 * 256]
+    seqs = torch.tensor(list(text), dtype=torch.long).view(2, 256)
+    cfg = EvalConfig(checkpoints=[f"untrained={tmp_path / 'untrained'}"], output_dir=str(tmp_path / "eval"),
+                     train_len=32, seq_len=256, num_sequences=2, tasks=["positionwise", "reset"], chunk_len=64,
+                     log_bins=0, device="cpu", progress=False)
+    run = run_eval(cfg, seqs)["runs"][0]
+    assert run["unigram_loss"] < run["positionwise"]["bins"][1]["loss"]  # no better than ignoring context
+    text = write_report([tmp_path / "eval"], out_dir=tmp_path / "out").read_text()
+    assert "- untrained: does not use context (loss in [T,2T)" in text
+    assert "untrained: length-generalizes" not in text
+    without = {k: v for k, v in run.items() if k != "unigram_loss"}  # what the report said before the check
+    assert "length-generalizes" in run_verdict(without)["text"]
+
+    uses = {**run, "unigram_loss": 2.0 * run["positionwise"]["bins"][1]["loss"]}  # clearly below: uses context
+    assert "does not use context" not in run_verdict(uses)["text"]
+
+
+def test_state_plot_has_a_log_axis_with_labelled_layers_and_full_minus_reset_starts_at_T():
+    from recurlen.eval.plots import plot_full_minus_reset, plot_state
+
+    base = run("base", [0, 0.0, 0.1, 0.3, 0.9])
+    positions = [1, 32, 64, 128, 256, 512]
+    base["state"] = {"positions": positions, "num_sequences": 4,
+                     **{k: [[1.0 + i * p for p in positions] for i in range(3)]
+                        for k in ("ssm_norm", "ssm_std", "conv_norm", "conv_std")}}
+    fig = plot_state([base])
+    for ax in fig.axes:
+        assert ax.get_yscale() == "log"
+        assert {t.get_text() for t in ax.texts} == {"L0", "L1", "L2"}
+    ax = plot_full_minus_reset([base]).axes[0]
+    xs = [x for line in ax.get_lines() if line.get_label() == "base" for x in line.get_xdata()]
+    assert min(xs) > 32  # the [0,T) bin (0 by construction) is not drawn; the region is shaded instead
+    assert any(p.get_label() == "[0,T): full = reset" for p in ax.patches)

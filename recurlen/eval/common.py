@@ -82,3 +82,12 @@ def select_sequences(sequences: torch.Tensor | Sequence[torch.Tensor], *, length
         raise ValueError(f"{what}: token ids must lie in [0, {vocab_size}) for this model; found range "
                          f"[{int(out_NL.min())}, {int(out_NL.max())}]")
     return out_NL
+
+
+def unigram_loss(seqs_NL: torch.Tensor) -> float:
+    """Cross-entropy (nats / token) of the held-out targets under their own token frequencies: the best a
+    model that ignores all context can do on them (the no-context baseline of `recurlen report`)."""
+    targets = seqs_NL[:, 1:].reshape(-1)
+    counts = torch.bincount(targets).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())

@@ -124,10 +124,13 @@ def plot_full_minus_reset(runs: Sequence[dict]) -> Figure:
     shown = [r for r in runs if _bin_rows(r) and "full_minus_reset" in _bin_rows(r)[0]]
     colors = _colors(len(shown))
     for run, color in zip(shown, colors):
-        rows = _bin_rows(run)
+        # Within [0,T) the reset changes nothing (full - reset = 0 by construction): the curve starts at T.
+        rows = [r for r in _bin_rows(run) if r["end"] > (run.get("train_len") or 0)]
         ax.plot(_bin_centers(rows), _values([r["full_minus_reset"] for r in rows]), marker="o", markersize=3,
                 color=color, label=run.get("label", "run"))
     _mark_train_len(ax, shown, colors)
+    if shown and shown[0].get("train_len"):
+        ax.axvspan(1, shown[0]["train_len"], color="0.85", alpha=0.6, linewidth=0, label="[0,T): full = reset")
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("position (tokens of context); dotted: training context T")
@@ -150,12 +153,18 @@ def plot_state(runs: Sequence[dict], *, stats: Sequence[str] = STATE_STATS) -> F
         for run, color in zip(shown, colors):
             positions = np.array(run["state"]["positions"], dtype=float)
             curves_KS = np.array([_values(c) for c in run["state"][stat]])
-            for curve_S in curves_KS:
-                ax.plot(positions, curve_S, color=color, alpha=0.2, linewidth=0.8)
+            label_every = max(1, math.ceil(len(curves_KS) / 8))  # at most ~8 layer labels per run
+            for layer, curve_S in enumerate(curves_KS):
+                ax.plot(positions, curve_S, color=color, alpha=0.25, linewidth=0.8)
+                if layer % label_every == 0 or layer == len(curves_KS) - 1:
+                    ax.annotate(f"L{layer}", (positions[-1], curve_S[-1]), xytext=(2, 0), textcoords="offset points",
+                                color=color, fontsize=6, va="center")
             ax.plot(positions, curves_KS.mean(axis=0), color=color, linewidth=2,
-                    label=f"{run.get('label', 'run')} (mean of {len(curves_KS)} layers)")
+                    label=f"{run.get('label', 'run')} (mean of {len(curves_KS)} layers; faint: L0, L1, ...)")
         _mark_train_len(ax, shown, colors)
         ax.set_xscale("log")
+        # Log scale: runs whose states differ by orders of magnitude stay readable side by side.
+        ax.set_yscale("log")
         ax.set_xlabel("tokens read")
         ax.set_title(STAT_TITLES[stat])
         ax.grid(alpha=0.3)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from recurlen import arch
-from recurlen.eval.common import require_state_api
+from recurlen.eval.common import require_state_api, select_sequences, unigram_loss
 from recurlen.eval.effrem import check_t_grid, effective_remembrance
 from recurlen.eval.plots import PLOT_NAMES, RESULTS_NAME, write_plots
 from recurlen.eval.positionwise import evaluate_positionwise
@@ -179,6 +179,8 @@ def evaluate_model(model: torch.nn.Module, sequences, *, cfg: EvalConfig, train_
             state_stats="state" in tasks, state_points=cfg.state_points, bf16=cfg.bf16, progress=cfg.progress)
         if tasks & {"positionwise", "reset"}:
             entry["positionwise"] = result.summary(num_log_bins=cfg.log_bins)
+            entry["unigram_loss"] = unigram_loss(select_sequences(sequences, length=seq_len,
+                                                                  num=cfg.num_sequences, what="eval"))
         if result.state is not None:
             entry["state"] = result.state.to_dict()
     if "effrem" in tasks:

@@ -122,6 +122,8 @@ class DiagnosticsConfig:
     """Points of the t-grid in [0, T]."""
     every_n_val: int = 1
     """Run the diagnostics every n-th validation."""
+    state_layers: list[int] = field(default_factory=list)
+    """Layers whose state norm / std get TensorBoard scalars of their own; the mean over layers always does."""
 
     def __post_init__(self) -> None:
         if self.bins not in ("multiples", "log"):

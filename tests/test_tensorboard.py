@@ -1,0 +1,146 @@
+"""TensorBoard compares runs: the HParams table, one custom-scalar chart per position bin, tags in position
+order, no always-zero tags, the rate each step used. Read back through TensorBoard's own event loader and
+through the HTTP data API of a TensorBoard server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from recurlen.experiment.compose import load_experiment
+from recurlen.optim import lr_multiplier
+from recurlen.train import run_finetune
+
+T = 16
+L = 18 * T  # bins up to [16T,32T): the ones that sorted wrongly before the tags were padded
+BINS = ["[00,01T)", "[01T,02T)", "[02T,04T)", "[04T,08T)", "[08T,16T)", "[16T,32T)"]
+
+
+def tiny_run(root: Path, intervention: str):
+    cfg, resolved = load_experiment([
+        "model=nano", f"intervention={intervention}", f"run_dir={root / intervention}", "trainer.max_steps=3",
+        "trainer.log_every_n_steps=1", "optim.warmup_steps=2", "data.max_documents=60", "data.val_fraction=0.2",
+        f"data.seq_len={T}",
+        "data.batch_size=4", f"data.val_length={L}", "data.val_sequences=2", "trainer.val_every_n_steps=0",
+        "trainer.limit_val_batches=1", "trainer.checkpoint_every_n_steps=0", "trainer.progress_bar=false",
+        "diagnostics.effrem=true", "diagnostics.effrem_points=3", "diagnostics.state_layers=[1]",
+        "trainer.num_threads=1"])
+    run_finetune(cfg, resolved)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tb")
+    cfgs = {name: tiny_run(root, name) for name in ("none", "tbptt")}
+    return root, cfgs
+
+
+def events(run_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "tensors": 0, "images": 1})
+    acc.Reload()
+    return acc
+
+
+def test_tags_sort_in_position_order_without_always_zero_ones(runs):
+    root, cfgs = runs
+    acc = events(root / "tbptt")
+    scalars = acc.Tags()["scalars"]
+    ppl = [t for t in scalars if t.startswith("val/ppl@")]
+    assert sorted(ppl) == [f"val/ppl@{b}" for b in BINS]
+    assert sorted(t for t in scalars if t.startswith("val/full_minus_reset@")) == \
+        [f"val/full_minus_reset@{b}" for b in BINS[1:]]  # [0,T): always 0, not logged
+    effrem = sorted(t for t in scalars if t.startswith("val/effrem@"))
+    assert effrem == ["val/effrem@t=0.500T", "val/effrem@t=0.984T"]  # grid 0, 32, 63 of T = 64; t = 0 is 0
+    norm = sorted(t for t in scalars if t.startswith("val/state_norm/"))
+    assert norm == [f"val/state_norm/{who}@{k:02d}T" for who in ("layer1", "mean") for k in (1, 2, 4, 8, 16)]
+    assert "epoch" not in scalars
+
+
+def test_train_lr_is_the_rate_each_step_used(runs):
+    root, cfgs = runs
+    cfg = cfgs["none"]
+    logged = [(e.step, e.value) for e in events(root / "none").Scalars("train/lr")]
+    want = [(s, cfg.optim.lr * lr_multiplier(s, cfg=cfg.optim, total_steps=cfg.trainer.max_steps)) for s in range(3)]
+    assert [s for s, _ in logged] == [s for s, _ in want]
+    assert [v for _, v in logged] == pytest.approx([v for _, v in want], rel=1e-6)
+
+
+def test_hparams_row_and_one_chart_per_bin(runs):
+    root, _ = runs
+    acc = events(root / "tbptt")
+    data = {tag: plugin_data_pb2.HParamsPluginData.FromString(content)
+            for tag, content in acc.PluginTagToContent("hparams").items()}
+    start = data["_hparams_/session_start_info"].session_start_info
+    assert start.hparams["intervention"].string_value == "tbptt"
+    assert start.hparams["T"].number_value == T and start.hparams["reset_prob"].number_value == 0.1
+    metrics = [m.name.tag for m in data["_hparams_/experiment"].experiment.metric_infos]
+    assert metrics[0] == "val/loss@[00,01T)"
+    assert set(metrics) >= {f"val/full_minus_reset@{b}" for b in BINS[1:]} | {"val/effrem@t=0.500T", "val/loss"}
+
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
+    charts = {c.title: [ch.title for ch in c.chart] for c in layout.category}
+    assert charts["recurlen: perplexity by position bin"] == [f"ppl {b}" for b in BINS]
+    assert charts["recurlen: full - reset by position bin (> 0: longer context hurts)"] == \
+        [f"full - reset {b}" for b in BINS[1:]]
+    for category in layout.category:
+        for chart in category.chart:
+            regexes = list(chart.multiline.tag)
+            assert all(any(re.match(r, t) for t in acc.Tags()["scalars"]) for r in regexes), chart.title
+
+
+def test_tensorboard_server_serves_the_runs_and_the_hparams_table(runs):
+    root, _ = runs
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("tensorboard")
+    proc = subprocess.Popen([str(exe), "--logdir", str(root), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def get(path: str, body: dict | None = None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read().decode())
+
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                tags = get("/data/plugin/scalars/tags")
+                if {"none/tb", "tbptt/tb"} <= set(tags):
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read()[-2000:]
+            assert time.time() < deadline, "tensorboard did not serve both runs within 120 s"
+            time.sleep(1)
+        assert "val/full_minus_reset@[16T,32T)" in tags["tbptt/tb"]
+        experiment = get("/data/plugin/hparams/experiment", {"experimentName": ""})
+        assert {h["name"] for h in experiment["hparamInfos"]} >= {"model", "intervention", "lr", "max_steps", "T",
+                                                                  "reset_prob"}
+        groups = get("/data/plugin/hparams/session_groups", {
+            "experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
+                                                      "STATUS_RUNNING"],
+            "colParams": [], "startIndex": 0, "sliceSize": 100})
+        rows = {g["hparams"]["intervention"]: g for g in groups["sessionGroups"]}
+        assert set(rows) == {"none", "tbptt"}
+        values = {m["name"]["tag"]: m["value"] for m in rows["tbptt"]["metricValues"]}
+        logged = events(root / "tbptt").Scalars("val/full_minus_reset@[08T,16T)")[-1].value
+        assert values["val/full_minus_reset@[08T,16T)"] == pytest.approx(logged, rel=1e-6)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
