@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from recurlen.cli_args import Words, check_dotlist, render_help, settings_help, split_words, suggest
-from recurlen.errors import UserError, debug_requested, one_line, user_input
+from recurlen.errors import Interrupted, UserError, debug_requested, one_line, user_input
 
 log = logging.getLogger("recurlen")
 
@@ -383,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
             _out(command.help(words))
             return 0
         return command.run(words)
+    except Interrupted as err:  # stopped on a signal after writing a checkpoint: resumable, not a success
+        sys.stderr.write(f"recurlen {name}: {err}\n")
+        return err.exit_code
     except UserError as err:
         if debug_requested(argv):
             raise

@@ -38,6 +38,25 @@ def user_input() -> Iterator[None]:
         raise UserError(str(err)) from err
 
 
+class Interrupted(Exception):
+    """Training stopped on a signal after writing a checkpoint: the command exits 128 + the signal number (not 0:
+    a scheduler must not record success) with one line saying the run is resumable."""
+
+    def __init__(self, signum: int, *, step: int, checkpoint: str | None) -> None:
+        import signal
+
+        self.signum = signum
+        self.step = step
+        self.checkpoint = checkpoint
+        where = f"checkpoint {checkpoint} written" if checkpoint else "no checkpoint could be written"
+        super().__init__(f"interrupted by {signal.Signals(signum).name} after step {step}, {where}; resumable: "
+                         "rerun the same command (resume=auto) to continue exactly from it")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 def debug_requested(argv: list[str]) -> bool:
     """--debug on the command line or RECURLEN_DEBUG set to something other than 0 / empty."""
     return "--debug" in argv or os.environ.get(DEBUG_ENV, "0").strip().lower() not in ("", "0", "false", "no")
@@ -51,4 +70,4 @@ def one_line(err: BaseException) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-__all__ = ["DEBUG_ENV", "UserError", "debug_requested", "one_line", "user_input"]
+__all__ = ["DEBUG_ENV", "Interrupted", "UserError", "debug_requested", "one_line", "user_input"]

@@ -19,11 +19,13 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from recurlen import arch
 from recurlen.arch import RecurrentLM
 from recurlen.data.datamodule import RecurlenDataModule
+from recurlen.errors import Interrupted
 from recurlen.experiment.compose import resolved_config
 from recurlen.experiment.schema import ExperimentConfig
 from recurlen.files import save_torch, write_json
 from recurlen.interventions import FittedNoise, fit_noise_stats
 from recurlen.lit_module import RecurlenModule
+from recurlen.preemption import Preemption
 from recurlen.progress_bar import StepProgressBar
 from recurlen.runs import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
 from recurlen.tb_logging import RunTensorBoardLogger
@@ -120,11 +122,13 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
     accum = t.accumulate_grad_batches
     every_val = t.val_every_n_steps if t.val_every_n_steps > 0 else t.max_steps
     every_ckpt = t.checkpoint_every_n_steps if t.checkpoint_every_n_steps > 0 else t.max_steps
-    callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run), *extra_callbacks]
+    slurm = SLURMEnvironment.detect()
+    callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run),
+                 Preemption(keep_slurm_requeue=slurm and t.slurm_auto_requeue), *extra_callbacks]
     if t.progress_bar:
         callbacks.append(StepProgressBar())
     plugins: list = [AtomicCheckpointIO()]
-    if SLURMEnvironment.detect():
+    if slurm:
         plugins.append(SLURMEnvironment(auto_requeue=t.slurm_auto_requeue))
     return L.Trainer(
         max_steps=t.max_steps, accelerator=t.accelerator, devices=_devices(t.devices), num_nodes=t.num_nodes,
@@ -202,6 +206,11 @@ def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | N
     if isinstance(fitted, FittedNoise) and fitted.stats is not None and trainer.is_global_zero:
         fitted.stats.save(str(run.fitted_noise))
     _close_process_group(trainer)
+    preemption = next(c for c in trainer.callbacks if isinstance(c, Preemption))
+    if preemption.stopped_on is not None:  # stopped on a signal after writing last.ckpt: resumable, not a success
+        last = run.last_checkpoint
+        raise Interrupted(preemption.stopped_on, step=preemption.stopped_at_step,
+                          checkpoint=str(last) if last.is_file() else None)
     return run.path
 
 

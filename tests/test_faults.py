@@ -1,0 +1,219 @@
+"""Fault injection: each fault either resumes to exactly the uninterrupted run or stops with a clear message, and
+nothing earlier is lost. Real processes, real signals, real kills (the README's table lists these rows).
+
+Signals arrive at a random moment of training (single process and 2-process DDP on CPU with gloo); kill -9 hits
+a checkpoint write at its start, half-way and just before the rename (RECURLEN_FAULT, see recurlen.faults); the
+disk fills up part-way through a write (a size-limited tmpfs when this machine lets the test mount one, else the
+same ENOSPC raised by the fault hook); the run directory is read-only.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from recurlen.runs import RunDir
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 40
+
+
+def args(run_dir, cache_dir, *extra, steps=STEPS):
+    return [sys.executable, "-m", "recurlen.cli", "finetune", "model=nano", "intervention=state_passing",
+            "data.seq_len=16", "data.batch_size=2", "data.val_length=64", "data.val_sequences=2",
+            "data.val_segments=8", "data.val_fraction=0.2", f"data.cache_dir={cache_dir}", "data.max_documents=60",
+            f"trainer.max_steps={steps}", "trainer.val_every_n_steps=0", "trainer.limit_val_batches=1",
+            "trainer.checkpoint_every_n_steps=1000", "trainer.log_every_n_steps=1", "trainer.progress_bar=false",
+            "trainer.accelerator=cpu", "trainer.num_threads=1", "diagnostics.positionwise=false",
+            "diagnostics.state_norm=false", "optim.lr=1e-3", f"run_dir={run_dir}", *extra]
+
+
+def env(**extra):
+    drop = ("SLURM_", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_", "RANK", "GROUP_RANK", "RECURLEN_FAULT")
+    out = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    out.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra})
+    return out
+
+
+def run(cmd, **env_extra):
+    return subprocess.run(cmd, cwd=REPO, env=env(**env_extra), capture_output=True, text=True, timeout=600)
+
+
+def weights(run_dir):
+    ckpt = torch.load(RunDir(run_dir).last_checkpoint, weights_only=True)
+    return ckpt["global_step"], ckpt["state_dict"]
+
+
+def assert_same_run(got_dir, want_dir):
+    (got_step, got), (want_step, want) = weights(got_dir), weights(want_dir)
+    assert got_step == want_step
+    assert all(torch.equal(got[k], want[k]) for k in want), "resumed run differs from the uninterrupted one"
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("corpus-cache"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache_dir):
+    """One uninterrupted single-process run, the yardstick of every resumed one."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    proc = run(args(out, cache_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _children(pid):
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def interrupt_during_training(cmd, signum, *, seed, to_child=False, **env_extra):
+    """Start the run, wait until it is training, send `signum` at a random moment, return the finished process."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(**env_extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    head = []
+    for line in proc.stderr:  # the run says when training (and its signal handling) has begun
+        head.append(line)
+        if "writes a checkpoint after the current step" in line:
+            break
+    time.sleep(random.Random(seed).uniform(0.0, 0.5))
+    target = proc.pid
+    if to_child:
+        kids = _children(proc.pid)
+        assert kids, "the DDP launcher has no child rank"
+        target = kids[0]
+    os.kill(target, signum)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "".join(head) + err)
+
+
+@pytest.mark.parametrize(("signum", "seed"), [(signal.SIGTERM, 1), (signal.SIGUSR1, 2), (signal.SIGINT, 3)])
+def test_signal_checkpoints_exits_nonzero_and_resumes_exactly(tmp_path, cache_dir, reference, signum, seed):
+    out = tmp_path / "run"
+    proc = interrupt_during_training(args(out, cache_dir), signum, seed=seed)
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, proc.stderr[-3000:]
+    assert f"interrupted by {name} after step" in proc.stderr and "resumable" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    step, _ = weights(out)
+    assert 0 < step < STEPS  # a checkpoint although checkpoint_every_n_steps is far away
+    again = run(args(out, cache_dir))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from {RunDir(out).last_checkpoint}" in again.stderr
+    assert_same_run(out, reference)
+
+
+@pytest.mark.parametrize("to_child", [False, True], ids=["signal-rank0", "signal-rank1"])
+def test_signal_under_ddp_stops_every_rank_at_the_same_step(tmp_path_factory, tmp_path, cache_dir, to_child):
+    ddp = ("trainer.devices=2", "trainer.strategy=ddp")
+    ref = tmp_path_factory.getbasetemp() / "ddp-reference"
+    if not RunDir(ref).has_checkpoint():
+        proc = run(args(ref, cache_dir, *ddp), MASTER_PORT=free_port())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "run"
+    proc = interrupt_during_training(args(out, cache_dir, *ddp), signal.SIGTERM, seed=4, to_child=to_child,
+                                     MASTER_PORT=free_port())
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "interrupted by SIGTERM" in proc.stderr
+    step, _ = weights(out)
+    assert 0 < step < STEPS
+    again = run(args(out, cache_dir, *ddp), MASTER_PORT=free_port())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_same_run(out, ref)
+
+
+@pytest.mark.parametrize("point", ["start", "middle", "rename"])
+def test_kill_9_during_a_checkpoint_write_loses_nothing(tmp_path, cache_dir, reference, point):
+    out = tmp_path / "run"
+    every = ("trainer.checkpoint_every_n_steps=10",)
+    # The second write of last.ckpt (step 20) is killed; step=000010.ckpt and step=000020.ckpt were written before.
+    proc = run(args(out, cache_dir, *every), RECURLEN_FAULT=f"point={point},file=last.ckpt,skip=1,action=kill")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert weights(out)[0] == 10  # the earlier last.ckpt is whole: the torn write never replaced it
+    again = run(args(out, cache_dir, *every))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stderr
+    assert_same_run(out, reference)
+    assert torch.load(out / "checkpoints" / "step=000010.ckpt", weights_only=True)["global_step"] == 10
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], capture_output=True)
+
+
+def test_full_disk_is_a_clear_error_and_the_run_resumes(tmp_path, cache_dir, reference):
+    out = tmp_path / "run"
+    every = ("trainer.checkpoint_every_n_steps=10",)
+    mount = tmp_path / "small"
+    # A checkpoint of the nano run is ~0.9 MB; 2.5 MB holds the run's first files but not every later checkpoint.
+    if _mount_tmpfs(mount, "2500k"):
+        try:
+            small = mount / "run"
+            proc = run(args(small, cache_dir, *every))
+            assert proc.returncode != 0
+            assert "no space left on device" in proc.stderr.lower() and "Traceback" not in proc.stderr
+            step, _ = weights(small)
+            assert step in (10, 20, 30)  # what was written before the disk filled up is intact
+            subprocess.run(["cp", "-a", str(small), str(out)], check=True)
+        finally:
+            _umount(mount)
+    else:
+        proc = run(args(out, cache_dir, *every), RECURLEN_FAULT="point=middle,file=last.ckpt,skip=1,action=enospc")
+        assert proc.returncode != 0
+        assert "no space left on device" in proc.stderr.lower() and "Traceback" not in proc.stderr
+        assert weights(out)[0] == 10
+    assert "free" in proc.stderr.lower()
+    again = run(args(out, cache_dir, *every))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_same_run(out, reference)
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and not _mount_tmpfs(Path("/tmp/.recurlen-mount-probe"), "1m"),
+                    reason="root ignores file modes and no read-only filesystem can be mounted here")
+def test_read_only_run_dir_is_a_clear_error(tmp_path, cache_dir):
+    _umount(Path("/tmp/.recurlen-mount-probe"))
+    out = tmp_path / "ro"
+    if os.geteuid() == 0:
+        assert _mount_tmpfs(out, "1m")
+        subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)
+    else:
+        out.mkdir()
+        out.chmod(0o555)
+    try:
+        proc = run(args(out / "run", cache_dir, steps=2))
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+        assert "read-only" in proc.stderr.lower() or "permission denied" in proc.stderr.lower()
+    finally:
+        if os.geteuid() == 0:
+            _umount(out)
+        else:
+            out.chmod(0o755)
+
