@@ -7,6 +7,10 @@ PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 EXTRAS ?= dev
 STAMP := $(VENV)/.installed
+# mamba-ssm's Triton kernels on CPU (make test-kernels): triton from the kernels-cpu extra, and mamba-ssm
+# built without its CUDA extensions (Python-only, seconds) and without its GPU-only dependencies.
+MAMBA_SSM ?= mamba-ssm==2.3.2.post1
+KERNELS_STAMP := $(VENV)/.kernels-cpu
 
 OFFICIAL := 130m 370m 780m 1.3b 2.7b
 MODEL ?= tiny
@@ -40,6 +44,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
+$(KERNELS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[$(EXTRAS),kernels-cpu]"
+	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(PY) -m pip install -q --no-build-isolation --no-deps "$(MAMBA_SSM)"
+	touch $(KERNELS_STAMP)
+
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
 
 demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md
@@ -49,7 +58,10 @@ test: $(STAMP) ## run the default (CPU) test suite
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP) ## run the slow tests too
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PY) -m pytest -q -m "not kernels"
+
+test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's real Triton kernels on CPU (interpreter)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels tests/test_kernels_cpu.py
 
 test-gpu: $(STAMP) ## the GPU tests: kernels == torch backend, FSDP run (needs CUDA + recurlen[cuda])
 	$(PY) -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu_fsdp.py
@@ -88,4 +100,4 @@ bench: $(STAMP) ## run the CPU benchmark scripts (quick settings)
 bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their training throughput (needs CUDA + [cuda])
 	$(PY) benchmarks/bench_gpu.py $(ARGS)
 
-.PHONY: help install demo test test-slow test-gpu lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu
+.PHONY: help install demo test test-slow test-kernels test-gpu lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu

@@ -1,28 +1,77 @@
-"""Optional CUDA kernels: mamba-ssm's Triton SSD scan and gated RMSNorm, causal-conv1d's conv.
+"""Optional kernels: mamba-ssm's Triton SSD scan and gated RMSNorm, causal-conv1d's conv.
 
 Nothing here is imported at module load time: importing any `mamba_ssm` submodule runs the package
-`__init__`, which loads a CUDA extension. Every import happens inside a function, the first time
+`__init__`, which loads Mamba-1's CUDA extension. Every import happens inside a function, the first time
 the kernel backend is asked for, and a missing or broken install is reported once, clearly.
+
+Mamba-2 needs only mamba-ssm's Triton kernels. A build without its CUDA extensions
+(`MAMBA_SKIP_CUDA_BUILD=TRUE`, seconds instead of a long compile) has a package `__init__` that fails on
+the missing Mamba-1 extension, so the Triton modules are then imported without running it.
+
+Where each path runs:
+  CUDA tensors                 Triton scan + gated RMSNorm; causal-conv1d's conv when it is installed,
+                               the PyTorch conv otherwise.
+  CPU tensors, Triton's        the same Triton scan and RMSNorm, executed by the interpreter (numpy); the
+  interpreter on               conv takes the PyTorch path (causal-conv1d is CUDA-only). The kernel tests
+  (TRITON_INTERPRET=1)         use this to execute the real kernel glue on a machine without a GPU.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
+import os
+import sys
+import types
+import warnings
 
 import torch
 
 log = logging.getLogger(__name__)
 
+INSTALL_CUDA = "pip install 'recurlen[cuda]' (on a CUDA machine; make install EXTRAS=dev,cuda TORCH_CPU=torch)"
+INSTALL_TRITON_ONLY = ("MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip install --no-build-isolation --no-deps "
+                       "mamba-ssm einops triton")
+
+
+def _import_triton_ops():
+    from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+    return mamba_chunk_scan_combined, rmsnorm_fn
+
+
+def _import_without_package_init():
+    """Import the Triton modules with an empty `mamba_ssm` package in place of its `__init__`."""
+    spec = importlib.util.find_spec("mamba_ssm")
+    package = types.ModuleType("mamba_ssm")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    sys.modules["mamba_ssm"] = package
+    try:
+        return _import_triton_ops()
+    except Exception:
+        sys.modules.pop("mamba_ssm", None)
+        raise
+
 
 @functools.lru_cache(maxsize=1)
 def _mamba_kernels():
     try:
-        from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        return _import_triton_ops(), None
     except Exception as err:  # ImportError, or a CUDA extension that fails to load
-        return None, f"{type(err).__name__}: {err}"
-    return (mamba_chunk_scan_combined, rmsnorm_fn), None
+        first = f"{type(err).__name__}: {err}"
+    if "mamba_ssm" in sys.modules:  # the package itself imported: the failure is in the Triton modules
+        return None, first
+    if importlib.util.find_spec("mamba_ssm") is None:  # not installed
+        return None, first
+    try:
+        fns = _import_without_package_init()
+    except Exception as err:
+        return None, f"{first}; without the package __init__: {type(err).__name__}: {err}"
+    log.info("mamba-ssm's package __init__ failed (%s); using its Triton kernels without it", first)
+    return fns, None
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,20 +84,47 @@ def _causal_conv1d():
     return causal_conv1d_fn
 
 
+def interpreter_on() -> bool:
+    """Triton's interpreter was asked for (it runs kernels on CPU tensors; set before triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+
+
 def kernels_available() -> bool:
     """True when CUDA is present and mamba-ssm's Triton kernels import."""
     return torch.cuda.is_available() and _mamba_kernels()[0] is not None
 
 
-def require_kernels() -> None:
-    if not torch.cuda.is_available():
-        raise ValueError("backend='kernel' needs a CUDA device; use backend='torch' (or 'auto') on CPU")
+def require_kernels(device: torch.device) -> None:
+    """ValueError naming what is missing when backend='kernel' cannot run on `device`."""
+    if device.type != "cuda" and not (device.type == "cpu" and interpreter_on()):
+        raise ValueError(
+            f"backend='kernel' needs a CUDA device for mamba-ssm's Triton kernels; the model is on {device}. "
+            "Use backend='torch' (or 'auto') here. On a CPU the kernels run only under Triton's interpreter "
+            "(TRITON_INTERPRET=1 before triton is imported, with recurlen[kernels-cpu]): make test-kernels."
+        )
     fns, why = _mamba_kernels()
     if fns is None:
-        raise ValueError(
-            "backend='kernel' needs mamba-ssm (pip install 'recurlen[cuda]'); importing it failed with "
-            f"{why}. Use backend='torch' or 'auto'."
-        )
+        install = INSTALL_CUDA if device.type == "cuda" else "make test-kernels (pip install 'recurlen[kernels-cpu]' " \
+            f"then {INSTALL_TRITON_ONLY})"
+        raise ValueError(f"backend='kernel' needs mamba-ssm's Triton kernels, which did not import ({why}). "
+                         f"Install them: {install}; or use backend='torch'.")
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_auto_without_kernels(why: str) -> None:
+    warnings.warn(f"backend='auto' on CUDA: mamba-ssm's kernels did not import ({why}); using the PyTorch path, "
+                  f"which is much slower. Install them: {INSTALL_CUDA}.", RuntimeWarning, stacklevel=4)
+
+
+def auto_uses_kernels(device: torch.device) -> bool:
+    """backend='auto': the kernels on CUDA when they import; otherwise the PyTorch path (one warning on CUDA)."""
+    if device.type != "cuda":
+        return False
+    fns, why = _mamba_kernels()
+    if fns is None:
+        _warn_auto_without_kernels(why)
+        return False
+    return True
 
 
 def ssd_kernel(

@@ -283,11 +283,9 @@ class Mamba2LM(nn.Module):
         if backend == "torch":
             return False
         if backend == "kernel":
-            kernels.require_kernels()
-            if device.type != "cuda":
-                raise ValueError(f"backend='kernel' needs the model on a CUDA device; it is on {device}")
+            kernels.require_kernels(device)
             return True
-        return device.type == "cuda" and kernels.kernels_available()
+        return kernels.auto_uses_kernels(device)
 
     def zero_state(self, batch: int, *, device: torch.device | str | None = None) -> RecurrentState:
         cfg = self.config
