@@ -97,7 +97,10 @@ generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) 
 bench: $(STAMP) ## run the CPU benchmark scripts (quick settings)
 	for b in $(filter-out benchmarks/bench_gpu.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(PY) $$b --quick || exit 1; done
 
+gpu-check: ## the GPU path in one command (GPU machine, <10 min): installs it, tests, agreement, speed, 130m runs, JSON
+	ARGS="$(ARGS)" bash scripts/gpu_check.sh
+
 bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their training throughput (needs CUDA + [cuda])
 	$(PY) benchmarks/bench_gpu.py $(ARGS)
 
-.PHONY: help install demo test test-slow test-kernels test-gpu lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu
+.PHONY: help install demo test test-slow test-kernels test-gpu gpu-check lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu

@@ -91,6 +91,8 @@ class RecurlenModule(L.LightningModule):
             tokens = batch["input_ids"].numel() * self.trainer.world_size
             self.log("train/tokens_per_s", tokens / (now - self._t_last), batch_size=1, prog_bar=True)
         self._t_last = now
+        if self.device.type == "cuda":  # what a run at this shape needs per GPU (sizing jobs, checking leaks)
+            self.log("train/peak_gpu_memory_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, batch_size=1)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # The rate this optimizer step uses: the scheduler steps after it, so reading it later shows step k+1's.

@@ -1,0 +1,324 @@
+"""The GPU path in one run (make gpu-check): correctness, then speed, then the real commands at the 130m shape.
+
+    python benchmarks/gpu_check.py [--out runs/gpu-check/summary.json] [--steps 20] [--batch 8] [--quick]
+
+Needs CUDA and mamba-ssm's Triton kernels (make gpu-check installs them; causal-conv1d is optional). In order:
+  1. `make test-gpu`: the kernel backend == the torch backend (forward, backward, initial-state gradients, split
+     invariance, bf16), and an FSDP run with the diagnostics;
+  2. agreement at the tiny and 130m shapes (float32, from a random initial state; benchmarks/bench_gpu.py);
+  3. speed, side by side in one run at the 130m shape (batch x 2048 tokens, bf16 autocast):
+     a training step (forward + backward + AdamW) of the whole model, kernel path vs torch path
+     (target >= 10x), and one Mamba-2 mixer forward + backward, recurlen's kernel path vs mamba-ssm's own
+     `Mamba2` module (target: recurlen within 10%, i.e. time <= 1.1 x mamba-ssm's);
+  4. `recurlen finetune` of a randomly initialised 130m checkpoint in the official format, --steps steps per
+     intervention on the kernel path in bf16-mixed (tokens/s, peak GPU memory);
+  5. `recurlen eval` of one 131072-token sequence in chunks (tokens/s, peak GPU memory);
+  6. with 2+ GPUs: the TBTT post-training under FSDP with 2 processes.
+Writes one JSON summary (--out) and exits 1 on any mismatch or failed step, 2 when there is no CUDA device or
+the kernels do not import (nothing runs then); unmet speed targets are reported in the summary, not failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+SPEEDUP_TARGET = 10.0  # kernel path / torch path, training step tokens/s
+PEER_SLACK = 1.10  # recurlen mixer time / mamba-ssm Mamba2 time
+INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def run_command(cmd: list[str], *, timeout: int, log_path: Path) -> dict:
+    """A subprocess with its output kept in log_path: exit code and seconds."""
+    start = time.perf_counter()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    try:
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, out = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:
+        rc, out = 124, f"timed out after {timeout} s\n{err.stdout or ''}{err.stderr or ''}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(out if isinstance(out, str) else str(out))
+    return {"cmd": " ".join(cmd), "rc": rc, "seconds": round(time.perf_counter() - start, 1), "log": str(log_path)}
+
+
+# --------------------------------------------------------------------------------------------- speed
+def bench(fn, *, warmup: int = 2, repeats: int = 10) -> float:
+    """Seconds per call (CUDA-synchronised), after warm-up calls (autotuning, allocator)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def mixer_vs_mamba_ssm(batch: int, length: int, repeats: int) -> dict:
+    """One Mamba-2 mixer at the 130m shape, forward + backward in bf16 autocast: recurlen vs mamba-ssm."""
+    from mamba_ssm.modules.mamba2 import Mamba2
+
+    from recurlen import kernels, preset
+    from recurlen.model import Mamba2Mixer
+
+    cfg = preset("130m")
+    has_conv = kernels._causal_conv1d() is not None
+    torch.manual_seed(0)
+    ours = Mamba2Mixer(cfg).cuda()
+    # use_mem_eff_path (mamba-ssm's default, the fused conv + scan) needs causal-conv1d; without it mamba-ssm
+    # runs the same pieces recurlen does (PyTorch conv, Triton scan, Triton gated norm).
+    peer = Mamba2(d_model=cfg.d_model, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
+                  headdim=cfg.headdim, ngroups=cfg.ngroups, chunk_size=cfg.chunk_size,
+                  use_mem_eff_path=has_conv, layer_idx=0).cuda()
+    u = torch.randn(batch, length, cfg.d_model, device="cuda", requires_grad=True)
+    zero_ssm = torch.zeros(batch, cfg.nheads, cfg.headdim, cfg.d_state, device="cuda")
+    zero_conv = torch.zeros(batch, cfg.conv_dim, cfg.d_conv - 1, device="cuda")
+
+    def ours_step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out, ssm, conv = ours(u, zero_ssm, zero_conv, use_kernels=True)
+        (out.float().sum() + ssm.sum()).backward()
+
+    def peer_step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = peer(u)
+        out.float().sum().backward()
+
+    ours_s, peer_s = bench(ours_step, repeats=repeats), bench(peer_step, repeats=repeats)
+    return {"batch": batch, "length": length, "causal_conv1d": has_conv, "mamba_ssm_fused_path": has_conv,
+            "recurlen_ms": round(1e3 * ours_s, 3), "mamba_ssm_ms": round(1e3 * peer_s, 3),
+            "ratio_recurlen_over_mamba_ssm": round(ours_s / peer_s, 3),
+            "target": f"<= {PEER_SLACK}", "met": ours_s <= PEER_SLACK * peer_s}
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+def write_official_130m(directory: Path) -> Path:
+    """A randomly initialised 130m checkpoint in the official layout: config.json + fp16 pytorch_model.bin."""
+    from recurlen import Mamba2LM, preset
+
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = Mamba2LM(preset("130m"))
+    (directory / "config.json").write_text(json.dumps(model.config.to_official_json(), indent=2))
+    torch.save({k: v.detach().to(torch.float16).clone() for k, v in model.state_dict().items()},
+               directory / "pytorch_model.bin")
+    return directory
+
+
+def write_corpus(directory: Path, *, documents: int, words_per_doc: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    words = ["state", "length", "token", "model", "recurrent", "memory", "context", "chunk", "lane", "scan",
+             "the", "of", "and", "a", "to", "in", "is", "it", "that", "with"]
+    for i in range(documents):
+        (directory / f"doc{i:04d}.txt").write_text(" ".join(rng.choice(words) for _ in range(words_per_doc)))
+    return directory
+
+
+def finetune_cmd(checkpoint: Path, corpus: Path, run_dir: Path, intervention: str, *, steps: int, batch: int,
+                 devices: int = 1, strategy: str | None = None) -> list[str]:
+    # `make finetune MODEL=130m INTERVENTION=<i> STEPS=<n> GPUS=<d>` with the local checkpoint and corpus.
+    cmd = [sys.executable, "-m", "recurlen.cli", "finetune", "model=130m", f"intervention={intervention}",
+           f"trainer.max_steps={steps}", f"model.pretrained={checkpoint}", "model.backend=kernel",
+           f"data.source={corpus}", "data.tokenizer=bytes", "data.streaming=false", "data.num_proc=null",
+           "data.max_documents=null", "data.seq_len=2048", f"data.batch_size={batch}", "data.val_fraction=0.2",
+           "data.val_segments=8", "data.val_sequences=0", f"data.cache_dir={run_dir.parent / 'cache'}",
+           "trainer=gpu", f"trainer.devices={devices}", "trainer.precision=bf16-mixed", "trainer.limit_val_batches=1",
+           "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "intervention.fit_batches=2",
+           "diagnostics.positionwise=false", "diagnostics.state_norm=false", f"run_dir={run_dir}"]
+    if strategy:
+        cmd.append(f"trainer.strategy={strategy}")
+    return cmd
+
+
+def tb_scalars(run_dir: Path, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+# --------------------------------------------------------------------------------------------- main
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/gpu-check/summary.json", help="the JSON summary")
+    parser.add_argument("--steps", type=int, default=20, help="post-training steps per intervention")
+    parser.add_argument("--batch", type=int, default=8, help="lanes (batch rows) of 2048 tokens")
+    parser.add_argument("--eval-len", type=int, default=131072, help="tokens of the chunked evaluation")
+    parser.add_argument("--skip-test-gpu", action="store_true", help="do not run make test-gpu")
+    parser.add_argument("--quick", action="store_true", help="2 steps, batch 2, a 16k evaluation (a smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.batch, args.eval_len = 2, 2, 16384
+    out = Path(args.out)
+    work = out.parent
+    summary: dict = {"format": "recurlen.gpu-check/1", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "torch": torch.__version__, "args": vars(args), "steps": {}, "targets": {}, "failures": []}
+
+    if not torch.cuda.is_available():
+        summary.update(ok=False, error="no CUDA device: this check runs the GPU path (torch.cuda.is_available() is "
+                                       f"False; torch {torch.__version__}, built with CUDA {torch.version.cuda})")
+        write_summary(out, summary)
+        print(f"gpu-check: {summary['error']}. Run it on a machine with an NVIDIA GPU: make gpu-check",
+              file=sys.stderr)
+        return 2
+    from recurlen.kernels import _mamba_kernels
+
+    fns, why = _mamba_kernels()
+    if fns is None:
+        summary.update(ok=False, error=f"mamba-ssm's Triton kernels do not import ({why})")
+        write_summary(out, summary)
+        print(f"gpu-check: {summary['error']}; make gpu-check installs them", file=sys.stderr)
+        return 2
+    summary["device"] = torch.cuda.get_device_name()
+    summary["gpus"] = torch.cuda.device_count()
+    print(f"# gpu-check on {summary['device']} x {summary['gpus']} | torch {torch.__version__}", flush=True)
+
+    def step(name: str, fn) -> None:
+        """Run one part; record its result, or its failure, and carry on with the next."""
+        start = time.perf_counter()
+        try:
+            result = fn()
+        except Exception as err:  # a failed part is a finding: record it and run the others
+            result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
+            summary["failures"].append(name)
+        result["seconds"] = round(time.perf_counter() - start, 1)
+        summary["steps"][name] = result
+        write_summary(out, summary)
+        print(f"== {name}: {json.dumps({k: v for k, v in result.items() if k != 'traceback'})}", flush=True)
+
+    # 1. the GPU tests
+    if not args.skip_test_gpu:
+        def test_gpu() -> dict:
+            res = run_command(["make", "--no-print-directory", "test-gpu", f"VENV={sys.prefix}"], timeout=300,
+                              log_path=work / "test-gpu.log")
+            if res["rc"] != 0:
+                raise RuntimeError(f"make test-gpu exited {res['rc']}; see {res['log']}")
+            return res
+        step("test_gpu", test_gpu)
+
+    # 2. agreement, 3a. whole-model training step kernel vs torch
+    def agreement_and_speed() -> dict:
+        from bench_gpu import AGREE_TOL, agreement, throughput
+
+        from recurlen import Mamba2LM, preset
+
+        result: dict = {"tolerance": AGREE_TOL}
+        for shape in ("tiny", "130m"):
+            torch.manual_seed(0)
+            model = Mamba2LM(preset(shape)).cuda()
+            ids = torch.randint(0, model.config.vocab_size, (args.batch, 2049), device="cuda")
+            agree = agreement(model, ids[:, :-1])
+            bad = [k for k, v in agree.items() if not v <= AGREE_TOL]
+            result[shape] = {"agreement": agree, "mismatches": bad}
+            if bad:
+                summary["failures"].append(f"agreement {shape}: {bad}")
+            if shape == "130m":
+                rows = {b: throughput(model, ids, b, steps=5 if args.quick else 10) for b in ("torch", "kernel")}
+                speedup = rows["kernel"][0] / rows["torch"][0]
+                result[shape]["train_step"] = {b: {"tokens_per_s": round(r[0]), "peak_gib": round(r[1], 2)}
+                                               for b, r in rows.items()}
+                summary["targets"]["kernel_vs_torch_train_step"] = {
+                    "speedup": round(speedup, 2), "target": f">= {SPEEDUP_TARGET}", "met": speedup >= SPEEDUP_TARGET}
+            del model
+            torch.cuda.empty_cache()
+        return result
+    step("agreement_and_train_step", agreement_and_speed)
+
+    # 3b. recurlen's mixer vs mamba-ssm's Mamba2 module
+    def peer() -> dict:
+        res = mixer_vs_mamba_ssm(args.batch, 2048, repeats=5 if args.quick else 20)
+        summary["targets"]["mixer_vs_mamba_ssm_Mamba2"] = {k: res[k] for k in ("ratio_recurlen_over_mamba_ssm",
+                                                                                 "target", "met")}
+        return res
+    step("mixer_vs_mamba_ssm", peer)
+    side_by_side = summary["targets"]
+    print("targets: " + json.dumps(side_by_side), flush=True)
+
+    # 4. post-training at the 130m shape, every intervention, on the kernel path in bf16-mixed
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=work if work.exists() else None))
+    checkpoint = write_official_130m(tmp / "mamba2-130m")
+    corpus = write_corpus(tmp / "corpus", documents=400, words_per_doc=3000)
+    for intervention in INTERVENTIONS:
+        def finetune(intervention=intervention) -> dict:
+            run_dir = tmp / "runs" / intervention
+            cmd = finetune_cmd(checkpoint, corpus, run_dir, intervention, steps=args.steps, batch=args.batch)
+            res = run_command(cmd, timeout=600, log_path=work / f"finetune-{intervention}.log")
+            if res["rc"] != 0:
+                raise RuntimeError(f"recurlen finetune exited {res['rc']}; see {res['log']}")
+            tok_s = tb_scalars(run_dir, "train/tokens_per_s")[1:]  # the first step includes autotuning
+            losses = tb_scalars(run_dir, "train/loss")
+            res.update(tokens_per_s=round(sum(tok_s) / len(tok_s)) if tok_s else None,
+                       first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None)
+            peaks = tb_scalars(run_dir, "train/peak_gpu_memory_gib")
+            res["peak_gpu_gib"] = round(max(peaks), 2) if peaks else None
+            return res
+        step(f"finetune_{intervention}", finetune)
+
+    # 5. chunked evaluation of one long sequence
+    def evaluate() -> dict:
+        run_dir = tmp / "runs" / "tbptt"
+        res = run_command([sys.executable, "-m", "recurlen.cli", "eval", f"tbptt={run_dir}", f"seq_len={args.eval_len}",
+                           "num_sequences=1", "batch_size=1", "chunk_len=2048", "bf16=true", "backend=kernel",
+                           "tasks=[positionwise,state]", "progress=false", "data.val_mode=pack", "--out",
+                           str(tmp / "eval")], timeout=600, log_path=work / "eval.log")
+        if res["rc"] != 0:
+            raise RuntimeError(f"recurlen eval exited {res['rc']}; see {res['log']}")
+        run = json.loads((tmp / "eval" / "results.json").read_text())["runs"][0]
+        bins = run["positionwise"]["bins"]
+        res.update(seq_len=run["seq_len"], tokens_per_s=round(args.eval_len / res["seconds"]),
+                   loss_by_bin={b["name"]: b["loss"] for b in bins})
+        if any(b["loss"] is None for b in bins):
+            raise RuntimeError("non-finite loss in the chunked evaluation")
+        return res
+    step("eval_long", evaluate)
+
+    # 6. FSDP, 2 processes
+    if torch.cuda.device_count() >= 2:
+        def fsdp() -> dict:
+            run_dir = tmp / "runs" / "fsdp-tbptt"
+            res = run_command(finetune_cmd(checkpoint, corpus, run_dir, "tbptt", steps=min(args.steps, 5),
+                                           batch=args.batch, devices=2, strategy="fsdp"), timeout=600,
+                              log_path=work / "fsdp.log")
+            if res["rc"] != 0:
+                raise RuntimeError(f"FSDP finetune exited {res['rc']}; see {res['log']}")
+            ranks = sorted(json.loads(p.read_text())["global_rank"] for p in (run_dir / "ranks").glob("rank*.json"))
+            if ranks != [0, 1]:
+                raise RuntimeError(f"expected ranks [0, 1] to report; got {ranks}")
+            return res
+        step("fsdp_2_processes", fsdp)
+    else:
+        summary["steps"]["fsdp_2_processes"] = {"skipped": f"{torch.cuda.device_count()} GPU(s); needs 2"}
+
+    summary["ok"] = not summary["failures"]
+    summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_summary(out, summary)
+    print(f"gpu-check {'passed' if summary['ok'] else 'FAILED: ' + '; '.join(summary['failures'])}; "
+          f"summary in {out}", flush=True)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
