@@ -137,8 +137,9 @@ class StepRecorder(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))
-        if pl_module.carried is not None:
-            self.carried_dtypes.append((pl_module.carried.ssm.dtype, pl_module.carried.conv.dtype))
+        carried = getattr(pl_module.intervention, "carried", None)  # state passing / TBTT keep it
+        if carried is not None:
+            self.carried_dtypes.append((carried.ssm.dtype, carried.conv.dtype))
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def finetune(run_dir, cache_dir, monkeypatch, *, backend: str, intervention: str
     import recurlen.train as train
     from recurlen.experiment.compose import load_experiment
 
-    cfg, resolved = load_experiment([
+    cfg, _ = load_experiment([
         "model=nano", "model.arch.d_model=32", "model.arch.n_layer=1", "model.arch.chunk_size=16",
         f"model.backend={backend}", f"intervention={intervention}", "intervention.fit_batches=1",
         f"data.seq_len={LENGTH}", "data.batch_size=2", "data.max_documents=40", "data.val_fraction=0.2",
@@ -160,8 +161,7 @@ def finetune(run_dir, cache_dir, monkeypatch, *, backend: str, intervention: str
         "optim.warmup_steps=1", "optim.lr=1e-3", "diagnostics.positionwise=false", "diagnostics.state_norm=false",
         f"run_dir={run_dir}"])
     recorder = StepRecorder()
-    monkeypatch.setattr(train, "diagnostics_callbacks", lambda cfg: [recorder])
-    train.run_finetune(cfg, resolved)
+    train.run_finetune(cfg, callbacks=[recorder])
     return recorder
 
 
