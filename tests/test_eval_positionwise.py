@@ -58,6 +58,45 @@ def test_lm_head_slices_do_not_change_nll(model, seqs, monkeypatch):
     torch.testing.assert_close(nll_BP, full_nll(model, seqs), atol=2e-5, rtol=1e-5)
 
 
+def test_memory_per_call_does_not_grow_with_length():
+    """Constant memory in L, structurally: every forward call reads at most chunk_len tokens, and the LM head's
+    largest logits tensor is the same size for a short and a long sequence and at most 64 MiB in float32.
+
+    The regression this catches: head slices as large as a whole chunk made the peak follow the longest chunk,
+    and the state-sampling points cut a short sequence into shorter chunks than a long one (at the 130m shape
+    a 4k-token evaluation then peaked ~0.8 GB below a 128k one).
+    """
+    torch.manual_seed(0)
+    big_vocab = Mamba2LM(preset("nano", vocab_size=50277), backend="torch").eval()  # a Pile-sized LM head
+    chunk_len = 1024
+
+    def largest_calls(length: int) -> tuple[int, int]:
+        forward_tokens, head_elements = [], []
+        forward_hidden, logits_from_hidden = big_vocab.forward_hidden, big_vocab.logits_from_hidden
+
+        def spy_forward(ids_BL, state=None, **kw):
+            forward_tokens.append(ids_BL.numel())
+            return forward_hidden(ids_BL, state, **kw)
+
+        def spy_head(hidden):
+            logits = logits_from_hidden(hidden)
+            head_elements.append(logits.numel())
+            return logits
+
+        big_vocab.forward_hidden, big_vocab.logits_from_hidden = spy_forward, spy_head
+        try:
+            ids = torch.randint(0, 50277, (1, length), generator=torch.Generator().manual_seed(2))
+            evaluate_positionwise(big_vocab, ids, train_len=chunk_len, chunk_len=chunk_len, batch_size=1,
+                                  reset_control=False)
+        finally:
+            del big_vocab.forward_hidden, big_vocab.logits_from_hidden
+        return max(forward_tokens), max(head_elements)
+
+    short, long = largest_calls(4 * chunk_len), largest_calls(8 * chunk_len)
+    assert short[0] < chunk_len and long[0] == chunk_len  # state points cut the short sequence finer
+    assert short[1] == long[1] <= (64 << 20) // 4
+
+
 def test_evaluate_positionwise_sums_and_bins(model, seqs):
     res = evaluate_positionwise(model, seqs, train_len=T, chunk_len=50, batch_size=2, state_stats=False)
     ref_BP = full_nll(model, seqs).double()

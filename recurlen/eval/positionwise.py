@@ -33,7 +33,12 @@ from recurlen.eval.state_stats import StateCurves, state_statistics
 
 log = logging.getLogger(__name__)
 
-HEAD_ELEMENTS = 1 << 27  # logits per LM-head call: 512 MB in float32
+# Logits per LM-head call: 64 MiB in float32 (333 positions of a 50k vocabulary). The head's logits and
+# their log-softmax are the largest tensors of an evaluation; a slice much smaller than a chunk keeps
+# them the same size for every sequence length. With 512 MiB slices the head took a whole chunk at
+# once, and since the state-sampling points make the chunks short early in a sequence, a 4k-token
+# evaluation peaked ~0.8 GB below a long one at the 130m shape.
+HEAD_ELEMENTS = 1 << 24
 
 POSITION_CONVENTION = "position p is the prediction of token p+1 from tokens 0..p; L tokens give L-1 positions"
 
@@ -72,7 +77,8 @@ def score_positions(model: nn.Module, ids_BL: torch.Tensor, *, ends: Sequence[in
             hidden_BlD, state = model.forward_hidden(ids_BL[:, start:end], state)
         stop = min(end, length - 1) if with_nll else start  # the very last token has no target
         # The LM head in slices of at most HEAD_ELEMENTS logits: (batch, chunk, 50k) floats would
-        # otherwise dominate memory (6.6 GB for 4 x 8192 tokens of the Pile models).
+        # otherwise dominate memory (6.6 GB for 4 x 8192 tokens of the Pile models) and make the peak
+        # follow the longest chunk rather than stay constant.
         step = max(1, HEAD_ELEMENTS // (batch * vocab))
         for s0 in range(start, stop, step):
             s1 = min(s0 + step, stop)
