@@ -15,10 +15,8 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,11 +27,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from recurlen.errors import Interrupted
 from recurlen.experiment.compose import experiments_dir
 from recurlen.files import write_json, write_text
 from recurlen.interventions import INTERVENTIONS
-from recurlen.preemption import HANDLED_SIGNALS
 from recurlen.report import FAILS_MARGIN, GENERALIZES_TOL, bins_of, in_context_loss, write_report
 from recurlen.runs import RunDir
 
@@ -111,13 +107,12 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
 
     root = Path(cfg.run_root)
     pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
-    _experiment_cfg(cfg, cfg.posttrain_experiment)  # composed and validated before anything runs
+    post = _experiment_cfg(cfg, cfg.posttrain_experiment)
     lines = ["recurlen demo: plan", *experiment_plan(pre, command="demo")[2:4],
-             f"  1. pretrain      {planned_steps(cfg, 'pretrain')} steps -> {root / 'pretrain'}"
+             f"  1. pretrain      {cfg.pretrain_steps or pre.trainer.max_steps} steps -> {root / 'pretrain'}"
              + (" (done: reused)" if _stage_done(root / "pretrain", _stage_args(
-                 cfg, cfg.pretrain_experiment, root / "pretrain", cfg.pretrain_steps, []),
-                 planned_steps(cfg, "pretrain")) else ""),
-             f"  2. post/<name>   {planned_steps(cfg, 'post')} steps each, {cfg.parallel} at a "
+                 cfg, cfg.pretrain_experiment, root / "pretrain", cfg.pretrain_steps, [])) else ""),
+             f"  2. post/<name>   {cfg.posttrain_steps or post.trainer.max_steps} steps each, {cfg.parallel} at a "
              f"time: {', '.join(cfg.interventions)} -> {root / 'post'}",
              f"  3. eval          {cfg.eval.num_sequences} held-out sequences of {cfg.eval.length} tokens"
              f"{' + EffRem' if cfg.eval.effrem else ''} -> {root / 'eval'}",
@@ -125,79 +120,19 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
     return lines
 
 
-def planned_steps(cfg: DemoConfig, stage: str) -> int:
-    """The optimizer steps a training stage ('pretrain' or 'post') is meant to reach."""
-    if stage == "pretrain":
-        return cfg.pretrain_steps or _experiment_cfg(cfg, cfg.pretrain_experiment).trainer.max_steps
-    return cfg.posttrain_steps or _experiment_cfg(cfg, cfg.posttrain_experiment).trainer.max_steps
-
-
-def _stage_done(run_dir: Path, args: list[str], steps: int) -> bool:
-    """Done: the marker matches the stage's arguments and its checkpoint holds the planned step (a marker alone,
-    or an exit status, proves nothing: a stage stopped early by a signal or a crash has fewer steps)."""
+def _stage_done(run_dir: Path, args: list[str]) -> bool:
     marker = run_dir / DONE_MARKER
-    return (marker.is_file() and json.loads(marker.read_text()).get("args") == args
-            and RunDir(run_dir).trained_steps() == steps)
+    return marker.is_file() and json.loads(marker.read_text()).get("args") == args
 
 
-class _Stages:
-    """The running stage subprocesses; a signal to the demo is passed on to each of them once.
-
-    Stages run in their own session, so a terminal's Ctrl-C or a scheduler's signal to the demo's group does
-    not reach them twice (a second signal ends a run at once, without its checkpoint): the demo forwards it,
-    every stage writes its checkpoint and stops, and the demo exits as interrupted, resumable."""
-
-    def __init__(self) -> None:
-        self.procs: set[subprocess.Popen] = set()
-        self.received: int | None = None
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> _Stages:
-        self.received = None
-        if threading.current_thread() is threading.main_thread():
-            for signum in HANDLED_SIGNALS:
-                self._previous[signum] = signal.getsignal(signum)
-                signal.signal(signum, self._forward)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _forward(self, signum: int, frame) -> None:
-        if self.received is not None:  # a second signal: the stages got the first; stop waiting for them
-            raise KeyboardInterrupt
-        self.received = signum
-        log.warning("received %s: every running stage writes its checkpoint and stops", signal.Signals(signum).name)
-        for proc in list(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    def start(self, cmd: list[str], env: dict) -> subprocess.Popen:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.procs.add(proc)
-        if self.received is not None:  # the signal came while this stage was starting
-            proc.send_signal(self.received)
-        return proc
-
-
-_STAGES = _Stages()
-
-
-def run_stage(name: str, run_dir: Path, args: list[str], *, steps: int, threads: int,
+def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int,
               on_step: Callable[[int, int], None] | None = None) -> dict:
-    """One training run of `steps` optimizer steps in a subprocess (its own threads and log); skipped when done.
+    """One training run in a subprocess (its own threads and log); skipped when already done.
 
     The subprocess shows its step bar; its output goes to <run_dir>/train.log (the bar's last state per
-    line) and every update is passed to on_step(step, max_steps), so the demo's own bar can show it.
-    The stage is done only when its checkpoint holds `steps` steps: a stage stopped by a signal raises
-    Interrupted (its checkpoint is kept, a rerun of the demo continues it), any other shortfall an error."""
-    if _stage_done(run_dir, args, steps):
-        return {"stage": name, "reused": True, "seconds": 0.0, "steps": steps}
-    if _STAGES.received is not None:  # the demo was signalled: start nothing new
-        reached = RunDir(run_dir).trained_steps()
-        raise Interrupted(_STAGES.received, step=reached or 0,
-                          checkpoint=None if reached is None else str(RunDir(run_dir).last_checkpoint))
+    line) and every update is passed to on_step(step, max_steps), so the demo's own bar can show it."""
+    if _stage_done(run_dir, args):
+        return {"stage": name, "reused": True, "seconds": 0.0}
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     # The progress override comes after `args`, which stay what the done marker records.
@@ -205,29 +140,15 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, steps: int, threads:
            "trainer.progress_bar=true"]
     start = time.perf_counter()
     with open(run_dir / "train.log", "w") as logfile:
-        proc = _STAGES.start(cmd, env)
-        try:
-            _follow(proc, logfile, on_step)
-            returncode = proc.wait()
-        finally:
-            _STAGES.procs.discard(proc)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        _follow(proc, logfile, on_step)
+        returncode = proc.wait()
     seconds = time.perf_counter() - start
-    run = RunDir(run_dir)
-    reached = run.trained_steps()
-    # 128 + N: the stage wrote its checkpoint and stopped on signal N; -N: it died of N before training began.
-    signum = returncode - 128 if returncode > 128 else -returncode
-    if signum in HANDLED_SIGNALS:
-        raise Interrupted(signum, step=reached or 0,
-                          checkpoint=str(run.last_checkpoint) if reached is not None else None)
     if returncode != 0:
         tail = (run_dir / "train.log").read_text()[-2000:]
         raise RuntimeError(f"demo stage {name} failed (exit {returncode}); log {run_dir / 'train.log'}:\n{tail}")
-    if reached != steps:
-        raise RuntimeError(f"demo stage {name} exited 0 but its checkpoint {run.last_checkpoint} holds "
-                           f"{'no readable step' if reached is None else f'step {reached}'} of the {steps} planned; "
-                           f"not marked done (log {run_dir / 'train.log'})")
-    write_json(run_dir / DONE_MARKER, {"args": args, "seconds": seconds, "steps": reached})
-    return {"stage": name, "reused": False, "seconds": seconds, "steps": reached}
+    write_json(run_dir / DONE_MARKER, {"args": args, "seconds": seconds})
+    return {"stage": name, "reused": False, "seconds": seconds}
 
 
 STEP_BAR = re.compile(r"train:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)")
@@ -265,26 +186,11 @@ def run_demo(cfg: DemoConfig) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     write_text(root / "demo_config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     total_threads = cfg.parallel * cfg.threads_per_run
+    timings: list[dict] = []
     t0 = time.perf_counter()
 
     _prepare_corpus(cfg)  # once, before parallel stages would race to build the same cache
     stages = tqdm(total=2 + len(cfg.interventions), desc="demo", unit="stage", dynamic_ncols=True)
-    with _STAGES:
-        timings = _train_stages(cfg, root, stages, threads=total_threads)
-    stages.set_postfix_str("eval (position-wise, reset control, state, EffRem)")
-    _evaluate(cfg, root, RunDir(root / "pretrain").last_checkpoint, threads=total_threads)
-    stages.update(1)
-    stages.close()
-
-    write_report([root / "eval" / "results.json"], out_dir=root, timings=timings,
-                 wall_seconds=time.perf_counter() - t0, notes=setup_notes(cfg, root), checks=demo_checks)
-    log.info("demo finished in %.0f s: %s", time.perf_counter() - t0, root / "report.md")
-    return root
-
-
-def _train_stages(cfg: DemoConfig, root: Path, stages: tqdm, *, threads: int) -> list[dict]:
-    """Stage 1 and the post-trainings (a signal to the demo reaches every running stage once)."""
-    timings: list[dict] = []
     running: dict[str, str] = {}
 
     def stepper(name: str) -> Callable[[int, int], None]:
@@ -298,18 +204,17 @@ def _train_stages(cfg: DemoConfig, root: Path, stages: tqdm, *, threads: int) ->
     pretrain_dir = root / "pretrain"
     timings.append(run_stage("pretrain", pretrain_dir,
                              _stage_args(cfg, cfg.pretrain_experiment, pretrain_dir, cfg.pretrain_steps, []),
-                             steps=planned_steps(cfg, "pretrain"), threads=threads, on_step=stepper("pretrain")))
+                             threads=total_threads, on_step=stepper("pretrain")))
     running.clear()
     stages.update(1)
 
     base = RunDir(pretrain_dir).last_checkpoint
-    post_steps = planned_steps(cfg, "post")
 
     def post(name: str) -> dict:
         run_dir = root / "post" / name
         args = _stage_args(cfg, cfg.posttrain_experiment, run_dir, cfg.posttrain_steps,
                            [f"intervention={name}", f"model.pretrained={base}"])
-        result = run_stage(f"post/{name}", run_dir, args, steps=post_steps, threads=cfg.threads_per_run,
+        result = run_stage(f"post/{name}", run_dir, args, threads=cfg.threads_per_run,
                            on_step=stepper(f"post/{name}"))
         running.pop(f"post/{name}", None)
         stages.update(1)
@@ -318,34 +223,33 @@ def _train_stages(cfg: DemoConfig, root: Path, stages: tqdm, *, threads: int) ->
 
     with ThreadPoolExecutor(max_workers=cfg.parallel) as pool:
         timings += list(pool.map(post, cfg.interventions))
-    return timings
+
+    stages.set_postfix_str("eval (position-wise, reset control, state, EffRem)")
+    _evaluate(cfg, root, base, threads=total_threads)
+    stages.update(1)
+    stages.close()
+
+    write_report([root / "eval" / "results.json"], out_dir=root, timings=timings,
+                 wall_seconds=time.perf_counter() - t0, notes=setup_notes(cfg), checks=demo_checks)
+    log.info("demo finished in %.0f s: %s", time.perf_counter() - t0, root / "report.md")
+    return root
 
 
-def _post_steps_text(steps: dict[str, int | None]) -> str:
-    """'N steps per intervention' when every post-training reached the same step, else each one's."""
-    distinct = set(steps.values())
-    if len(distinct) == 1 and None not in distinct:
-        return f"{next(iter(distinct))} steps per intervention"
-    each = ", ".join(f"{name} {'unreadable' if s is None else s}" for name, s in steps.items())
-    return f"steps as the checkpoints hold them ({each})"
-
-
-def setup_notes(cfg: DemoConfig, root: Path) -> list[str]:
-    """The report's Setup section: what was trained (steps as the checkpoints hold them), and why A is initialised
-    as it is."""
+def setup_notes(cfg: DemoConfig) -> list[str]:
+    """The report's Setup section: what was trained, and why A is initialised as it is."""
     pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
     post = _experiment_cfg(cfg, cfg.posttrain_experiment)
     arch = pre.model.config
     low, high = arch.A_init_range
     spacing = "log-uniformly" if arch.A_init_log_uniform else "uniformly"
-    pre_steps = RunDir(root / "pretrain").trained_steps() or "an unknown number of"
-    post_steps = _post_steps_text({n: RunDir(root / "post" / n).trained_steps() for n in cfg.interventions})
+    pre_steps = cfg.pretrain_steps or pre.trainer.max_steps
+    post_steps = cfg.posttrain_steps or post.trainer.max_steps
     return [
         "## Setup", "",
         f"- Base: Mamba-2 (d_model {arch.d_model}, {arch.n_layer} layers, d_state {arch.d_state}, headdim "
         f"{arch.headdim}, tokenizer `{pre.data.tokenizer}`), pre-trained for {pre_steps} steps from a zero initial "
         f"state at T = {pre.data.seq_len} (batch {pre.data.batch_size}, lr {pre.optim.lr:g}) on `{pre.data.source}`.",
-        f"- Post-training: {post_steps} ({', '.join(cfg.interventions)}), lr "
+        f"- Post-training: {post_steps} steps per intervention ({', '.join(cfg.interventions)}), lr "
         f"{post.optim.lr:g}, the same data and T.",
         f"- A is initialised {spacing} in [{low:g}, {high:g}] (`model.arch.A_init_range`): slowly decaying heads. "
         "With mamba-ssm's default initialisation (A in [1, 16]) models of this size did NOT fail past T in "

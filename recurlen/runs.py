@@ -75,10 +75,6 @@ class RunDir:
     def has_checkpoint(self) -> bool:
         return self.last_checkpoint.is_file()
 
-    def trained_steps(self) -> int | None:
-        """The optimizer steps the newest state holds (last.ckpt's global_step); None when it cannot be read."""
-        return checkpoint_step(self.last_checkpoint)
-
     def resume_checkpoint(self, resume: str) -> str | None:
         """'never' -> None; a .ckpt path as is; 'auto' -> the newest checkpoint of this run, None if it has none."""
         check_resume(resume)
@@ -139,20 +135,6 @@ def run_config(path: str | Path) -> dict | None:
     return None
 
 
-def checkpoint_step(path: str | Path) -> int | None:
-    """A Lightning checkpoint's global_step, read memory-mapped (the weights are not read); None when the file is
-    missing or unreadable. What a run reached is this number, not the exit code of the process that wrote it."""
-    p = Path(path)
-    if not p.is_file():
-        return None
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # torn, truncated or not a checkpoint at all: it proves no step
-        return None
-    step = ckpt.get("global_step") if isinstance(ckpt, dict) else None
-    return int(step) if isinstance(step, int) else None
-
-
 class LoadedModel:
     """A model plus what is known of how it was trained (None where the source does not say)."""
 
@@ -200,4 +182,4 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
 
 
 __all__ = ["CONFIG_FILE", "FITTED_NOISE_FILE", "LAST_CHECKPOINT", "RUN_META_KEY", "LoadedModel", "RunDir",
-           "check_resume", "checkpoint_step", "load_model", "run_config", "run_dir_of"]
+           "check_resume", "load_model", "run_config", "run_dir_of"]
