@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import zipfile
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from recurlen.config import Mamba2Config
+from recurlen.errors import UserError
 from recurlen.files import save_torch, write_text
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,32 @@ def read_config(directory: Path) -> Mamba2Config:
     try:
         raw = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{config_path} is not valid JSON: {err}") from err
+        raise UserError(f"{config_path} is not valid JSON: {err}") from err
     return Mamba2Config.from_official_json(raw, source=str(config_path))
+
+
+def load_error(path: str | os.PathLike, err: BaseException) -> UserError:
+    """Why a weights file did not load, in one line that names it.
+
+    torch's own messages run over many lines and, for a file weights_only refuses, advise weights_only=False,
+    which would let the file run code: that advice is never passed on."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError:
+        size = None
+    text = str(err).strip()
+    if size == 0:
+        why = "the file is empty"
+    elif "Weights only load failed" in text and zipfile.is_zipfile(p):
+        why = ("it holds something other than tensors and plain containers (damaged, or not a weights file); "
+               "it was not loaded, as loading it could run code")
+    elif "Weights only load failed" in text:
+        why = "it is damaged, truncated or not a PyTorch weights file"
+    else:
+        first = text.splitlines()[0].split(". ")[0] if text else type(err).__name__
+        why = f"it is damaged or truncated ({first})"
+    return UserError(f"{p} cannot be loaded: {why}; write or download it again")
 
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
@@ -80,14 +106,19 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     if bin_path.is_file():
         # weights_only: a checkpoint from the internet must not run code when loaded.
         try:
-            return torch.load(bin_path, map_location="cpu", weights_only=True)
+            state = torch.load(bin_path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch says little more than the pickle opcode it choked on
-            raise ValueError(f"{bin_path} is not a readable PyTorch checkpoint ({type(err).__name__}: "
-                             f"{str(err).splitlines()[0] if str(err) else ''}); download or write it again") from err
+            raise load_error(bin_path, err) from err
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise UserError(f"{bin_path} is not a state dict (name -> tensor); write or download it again")
+        return state
     if st_path.is_file():
         from safetensors.torch import load_file
 
-        return load_file(str(st_path))
+        try:
+            return load_file(str(st_path))
+        except Exception as err:
+            raise load_error(st_path, err) from err
     raise FileNotFoundError(f"{directory} has neither {WEIGHTS_NAME} nor {SAFETENSORS_NAME}")
 
 
@@ -109,18 +140,18 @@ def load_official_state_dict(model: nn.Module, state_dict: dict[str, torch.Tenso
         if head is None and emb is not None:
             state_dict["lm_head.weight"] = emb
         elif head is not None and emb is not None and not torch.equal(head, emb):
-            raise ValueError(f"{source}: tie_embeddings is true but lm_head.weight differs from the embedding")
+            raise UserError(f"{source}: tie_embeddings is true but lm_head.weight differs from the embedding")
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{source}: checkpoint keys do not match the config; missing {missing[:8]}"
+        raise UserError(f"{source}: checkpoint keys do not match the config; missing {missing[:8]}"
                          f"{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
                          f"{'...' if len(unexpected) > 8 else ''}")
     for name, tensor in state_dict.items():
         want = tuple(expected[name].shape)
         if tuple(tensor.shape) != want:
-            raise ValueError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config needs {want}")
+            raise UserError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config needs {want}")
     model.load_state_dict({k: v.float() for k, v in state_dict.items()}, strict=True)
 
 

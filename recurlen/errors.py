@@ -57,6 +57,30 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
+class NonFinite(UserError):
+    """Training produced a NaN or an infinity: stopped before that step's update or any checkpoint of it.
+
+    Raised where the value appears (the loss, a gradient, the carried state, the weights about to be saved)
+    with the step and what went non-finite; `recurlen.train` adds the newest checkpoint that is finite and
+    the advice to resume from it with a lower learning rate (`with_checkpoint`)."""
+
+    def __init__(self, what: str, *, step: int, advice: str = "") -> None:
+        self.what = what
+        self.step = step
+        text = f"{what} at global step {step}; training stopped and no checkpoint holds it"
+        super().__init__(f"{text}; {advice}" if advice else text)
+
+    def with_checkpoint(self, checkpoint: str | None, checkpoint_step: int | None, lr: float) -> NonFinite:
+        lower = f"optim.lr={lr / 4:.3g}"
+        if checkpoint is None:
+            advice = (f"no finite checkpoint exists yet: rerun with a lower learning rate (e.g. {lower}), which starts "
+                      "over")
+        else:
+            advice = (f"the newest finite checkpoint is {checkpoint} (step {checkpoint_step}): rerun the same command "
+                      f"with a lower learning rate (e.g. {lower}; resume=auto continues from it)")
+        return NonFinite(self.what, step=self.step, advice=advice)
+
+
 def debug_requested(argv: list[str]) -> bool:
     """--debug on the command line or RECURLEN_DEBUG set to something other than 0 / empty."""
     return "--debug" in argv or os.environ.get(DEBUG_ENV, "0").strip().lower() not in ("", "0", "false", "no")
@@ -70,4 +94,4 @@ def one_line(err: BaseException) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-__all__ = ["DEBUG_ENV", "Interrupted", "UserError", "debug_requested", "one_line", "user_input"]
+__all__ = ["DEBUG_ENV", "Interrupted", "NonFinite", "UserError", "debug_requested", "one_line", "user_input"]

@@ -9,6 +9,13 @@ Used by tests only; inactive unless the environment variable RECURLEN_FAULT is s
   file    only writes whose target name contains this text (default: every write)
   skip    let this many matching writes through first (default 0)
   action  kill (SIGKILL this process, as a node failure would) or enospc (the disk is full)
+
+and, to make training go non-finite at a given optimizer step,
+
+  RECURLEN_FAULT="point=step,step=25,action=nan,what=grad"
+
+  what    loss (the step's loss), grad (a gradient, before the optimizer step), state (the final state of
+          layer 0) or weight (a weight, right after the optimizer step)
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ import signal
 from pathlib import Path
 
 FAULT_ENV = "RECURLEN_FAULT"
-POINTS = ("start", "middle", "rename")
-ACTIONS = ("kill", "enospc")
+POINTS = ("start", "middle", "rename", "step")
+ACTIONS = ("kill", "enospc", "nan")
+NAN_TARGETS = ("loss", "grad", "state", "weight")
 
 _seen = 0
 
@@ -32,7 +40,17 @@ def _spec() -> dict[str, str] | None:
     spec = dict(item.split("=", 1) for item in raw.split(",") if "=" in item)
     if spec.get("point") not in POINTS or spec.get("action") not in ACTIONS:
         raise ValueError(f"{FAULT_ENV}={raw!r}: point must be one of {list(POINTS)}, action one of {list(ACTIONS)}")
+    if (spec["point"] == "step") != (spec["action"] == "nan") or (
+            spec["action"] == "nan" and spec.get("what") not in NAN_TARGETS):
+        raise ValueError(f"{FAULT_ENV}={raw!r}: point=step goes with action=nan and what= one of {list(NAN_TARGETS)}")
     return spec
+
+
+def nan_at(step: int, what: str) -> bool:
+    """Whether training should make `what` non-finite at this optimizer step (a test's RECURLEN_FAULT)."""
+    spec = _spec()
+    return (spec is not None and spec["action"] == "nan" and spec["what"] == what
+            and int(spec.get("step", -1)) == step)
 
 
 def at(point: str, target: Path, tmp: Path | None = None) -> None:
@@ -54,4 +72,4 @@ def at(point: str, target: Path, tmp: Path | None = None) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp or target))
 
 
-__all__ = ["ACTIONS", "FAULT_ENV", "POINTS", "at"]
+__all__ = ["ACTIONS", "FAULT_ENV", "NAN_TARGETS", "POINTS", "at", "nan_at"]

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 from lightning.pytorch.utilities import rank_zero_warn
 
+from recurlen.errors import UserError
 from recurlen.files import save_torch
 from recurlen.layered_state import LayeredState
 
@@ -123,10 +124,20 @@ class FittedNoiseStats:
 
     @classmethod
     def load(cls, path: str) -> FittedNoiseStats:
+        """Read a file written by `save`; a damaged or foreign file is a one-line user error naming it."""
+        from recurlen.checkpoint import load_error
+
         if not Path(path).is_file():
             raise FileNotFoundError(f"fitted-noise statistics file {path!r} does not exist (write it with "
                                     "`recurlen fit-noise` or leave intervention.fit_stats empty to fit at start)")
-        return cls.from_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise load_error(path, err) from err
+        if not isinstance(raw, dict) or not all(isinstance(raw.get(k), torch.Tensor) for k in ("mean_KH", "std_KH")):
+            raise UserError(f"{path} is not a fitted-noise statistics file (it needs the tensors mean_KH and std_KH; "
+                            "write it with `recurlen fit-noise`)")
+        return cls.from_state_dict(raw)
 
 
 def noise_part(state: LayeredState) -> str:
@@ -239,11 +250,22 @@ class FittedNoise(RandomNoise):
         stats.check_state(self.zero_state)
         self.stats = stats
 
+    def load_stats_file(self) -> None:
+        """Load intervention.fit_stats and check it fits this model: a damaged file or the statistics of another
+        model are a one-line user error naming the file (run_finetune checks this before anything is written)."""
+        try:
+            self.set_stats(FittedNoiseStats.load(self.cfg.fit_stats))
+        except UserError:
+            raise
+        except ValueError as err:  # statistics of another model (shape) or broken values
+            raise UserError(f"intervention.fit_stats={self.cfg.fit_stats}: {err}; fit them again for this model "
+                            "with `recurlen fit-noise`") from err
+
     def setup(self, model: nn.Module, batches: Callable[[int], dict], *, ranks: Ranks, seq_len: int) -> None:
         if self.stats is not None:  # restored from a checkpoint
             return
         if self.cfg.fit_stats:
-            self.set_stats(FittedNoiseStats.load(self.cfg.fit_stats))
+            self.load_stats_file()
             return
         n = self.cfg.fit_batches
         stats = fit_noise_stats(model, (batches(step) for step in range(n)), num_batches=n, seq_len=seq_len,

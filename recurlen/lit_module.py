@@ -12,15 +12,18 @@ only hands it to the checkpoint and back, together with every rank (see recurlen
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 
-from recurlen import arch
+from recurlen import arch, faults
+from recurlen.errors import NonFinite
 from recurlen.interventions import InterventionConfig, Ranks, build_intervention, legacy_state
-from recurlen.optim import OptimConfig, build_optimizer
+from recurlen.layered_state import LayeredState
+from recurlen.optim import OptimConfig, build_optimizer, lr_multiplier
 from recurlen.runs import RUN_META_KEY
 
 log = logging.getLogger(__name__)
@@ -69,12 +72,12 @@ class RecurlenModule(L.LightningModule):
                                                lanes_B=lanes_B, new_stream_B=batch["new_stream"],
                                                step=int(batch["step"]), rank=self.global_rank)
         hidden, final = self.model.forward_hidden(input_ids, init)
+        if faults.nan_at(self.global_step, "state"):
+            final = _poison_first_layer(final)
         loss = token_loss(self.model.logits_from_hidden(hidden), targets, batch.get("loss_mask"))
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"non-finite training loss ({loss.item()}) at global step {self.global_step} (micro-step "
-                f"{int(batch['step'])}); stopping. The last checkpoint was written before this step and is intact; "
-                "lower optim.lr or raise optim.warmup_steps and resume from it.")
+        if faults.nan_at(self.global_step, "loss"):
+            loss = loss * float("nan")
+        self._check_finite(loss, final)
         self.intervention.observe(final, lanes_B)
         batch_size = input_ids.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
@@ -94,12 +97,65 @@ class RecurlenModule(L.LightningModule):
         if self.device.type == "cuda":  # what a run at this shape needs per GPU (sizing jobs, checking leaks)
             self.log("train/peak_gpu_memory_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, batch_size=1)
 
+    def _check_finite(self, loss: torch.Tensor, final: LayeredState) -> None:
+        """Stop where a NaN or infinity first shows: the carried state (naming the layer) or the loss.
+
+        One host sync for both. The state comes first: a non-finite state makes the loss non-finite too, and
+        the layer it names says more."""
+        bad_layers = [~torch.isfinite(getattr(final, part).detach()).flatten(1).all(dim=1) for part in final.RECURRENT]
+        flags = torch.cat([(~torch.isfinite(loss.detach())).view(1), *bad_layers]).cpu().tolist()
+        if not any(flags):
+            return
+        offset = 1
+        for part, layers in zip(final.RECURRENT, bad_layers):
+            hits = [k for k, bad in enumerate(flags[offset:offset + len(layers)]) if bad]
+            if hits:
+                raise NonFinite(f"non-finite carried state ({part} of layer {hits[0]})", step=self.global_step)
+            offset += len(layers)
+        raise NonFinite(f"non-finite training loss ({loss.item()})", step=self.global_step)
+
     def on_before_optimizer_step(self, optimizer) -> None:
         # The rate this optimizer step uses: the scheduler steps after it, so reading it later shows step k+1's.
         self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=1)
-        norms = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+        if named and faults.nan_at(self.global_step, "grad"):  # a gradient inside a block, to name its layer
+            next((g for n, g in named if ".layers." in f".{n}"), named[-1][1]).view(-1)[0] = float("nan")
+        norms = [g.detach().float().norm() for _, g in named]
         if norms:
-            self.log("train/grad_norm", torch.stack(norms).norm(), batch_size=1)
+            total = torch.stack(norms).norm()
+            self.log("train/grad_norm", total, batch_size=1)
+            # Before the update: a non-finite gradient would make every weight it touches non-finite. Under
+            # 16-mixed the gradient scaler skips such steps itself.
+            if not str(self.trainer.precision).startswith("16") and not torch.isfinite(total):
+                finite = torch.stack([torch.isfinite(g).all() for _, g in named]).cpu().tolist()
+                bad = next((n for (n, _), ok in zip(named, finite) if not ok), None)
+                if bad is not None:  # else only the norm overflowed; clipping deals with large gradients
+                    raise NonFinite(f"non-finite gradient of {bad}{_layer_of(bad)}", step=self.global_step)
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if faults.nan_at(self.global_step, "weight"):
+            with torch.no_grad():
+                next(iter(self.model.parameters())).view(-1)[0] = float("nan")
+
+    def on_train_start(self) -> None:
+        self.apply_optim_config()
+
+    def apply_optim_config(self) -> None:
+        """Make the optimizer and the schedule follow this run's optim settings.
+
+        On a resume Lightning restores the hyperparameters of the run that wrote the checkpoint (the rate, the
+        schedule's base rate, betas, weight decay); recurlen.resume allows these to change, so the values asked
+        for now are put back. The rate is what the schedule gives at the current step, computed as the schedule
+        computes it: with unchanged settings it is bit for bit the rate the restored run would have used."""
+        if not self.trainer.optimizers or not self.trainer.lr_scheduler_configs:
+            return
+        opt, sched, cfg = self.trainer.optimizers[0], self.trainer.lr_scheduler_configs[0].scheduler, self.optim_cfg
+        decay = (cfg.weight_decay, 0.0)  # recurlen.optim.param_groups: decayed matrices, then the rest
+        sched.base_lrs = [cfg.lr for _ in opt.param_groups]
+        rate = cfg.lr * lr_multiplier(sched.last_epoch, cfg=cfg, total_steps=self.total_steps)
+        for group, wd in zip(opt.param_groups, decay):
+            group.update(lr=rate, initial_lr=cfg.lr, weight_decay=wd, betas=tuple(cfg.betas), eps=cfg.eps)
 
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         logits, _ = self.model(batch["input_ids"])  # in-context loss from a zero state
@@ -114,6 +170,13 @@ class RecurlenModule(L.LightningModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Every rank runs this (the intervention gathers its lanes from all ranks); rank 0 writes the file.
+        # Nothing is written yet: a non-finite weight stops here, so no checkpoint (a signal's included) holds one.
+        params = list(self.model.named_parameters())
+        finite = torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).cpu().tolist()
+        bad = next((n for (n, _), ok in zip(params, finite) if not ok), None)
+        if bad is not None:
+            raise NonFinite(f"non-finite weights in {bad}{_layer_of(bad)} (refused to write a checkpoint of them)",
+                            step=self.global_step)
         checkpoint[RUN_META_KEY] = {
             "architecture": arch.of_model(self.model).name,
             "model_config": self.model.config.to_dict(),
@@ -127,3 +190,23 @@ class RecurlenModule(L.LightningModule):
         meta = checkpoint.get(RUN_META_KEY) or {}
         state = meta["intervention_state"] if "intervention_state" in meta else legacy_state(meta)
         self.intervention.load_state_dict(state, self.ranks())
+
+
+def _layer_of(param_name: str) -> str:
+    """' (layer k)' for a parameter of the k-th block, '' for the embedding, final norm and head."""
+    match = re.search(r"(?:^|\.)layers\.(\d+)\.", param_name)
+    return f" (layer {match.group(1)})" if match else ""
+
+
+def _poison_first_layer(state: LayeredState) -> LayeredState:
+    """The state with layer 0 of its recurrent part made NaN (test fault injection, recurlen.faults)."""
+    part = state.RECURRENT[0]
+
+    def poison(name: str, t: torch.Tensor) -> torch.Tensor:
+        if name != part:
+            return t
+        mask = torch.zeros(t.shape[0], *([1] * (t.dim() - 1)), dtype=torch.bool, device=t.device)
+        mask[0] = True
+        return torch.where(mask, torch.full_like(t, float("nan")), t)
+
+    return state._map(poison)

@@ -98,6 +98,10 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
         raise UserError(str(err)) from err
     if ckpt is None:
         resume = "starts fresh"
+        if run.run_files() and cfg.resume == "archive":
+            resume += f"; the earlier run moves to {run.archive}/<time>/"
+        elif run.run_files() and cfg.resume == "never":
+            resume = "will be refused: run_dir holds a run; resume=archive moves it aside"
     elif cfg.resume == "auto":
         resume = f"resumes from the newest checkpoint, {ckpt}"
     else:

@@ -1,9 +1,13 @@
 """The run directory: its layout, which checkpoint a run resumes from, and loading what a run trained.
 
 Layout of a run directory (`recurlen finetune` writes it; eval, tasks, the demo and reports read it):
-  config.yaml                   the resolved experiment config (also in every checkpoint's hyperparameters)
+  config.yaml                   the resolved experiment config the run uses (also in every checkpoint's
+                                hyperparameters); written once the resume decision is made (recurlen.resume)
+  config_history.yaml           when the run started, and every resume that changed a setting (what, from, to)
   checkpoints/last.ckpt         newest state, replaced in place
   checkpoints/step=NNNNNN.ckpt  kept every trainer.checkpoint_every_n_steps
+  checkpoints/*.damaged         a checkpoint found damaged when resuming, moved aside (never deleted)
+  archive/<time>/               an earlier run of this directory, moved here by resume=archive
   hpc_ckpt_N.ckpt               written by Lightning when SLURM pre-empts the job
   tb/                           TensorBoard event files
   fitted_noise.pt               fitted-noise statistics (fitted_noise intervention, `recurlen fit-noise`)
@@ -23,6 +27,7 @@ from omegaconf import OmegaConf
 
 from recurlen import arch
 from recurlen.checkpoint import CONFIG_NAME, resolve_pretrained_dir
+from recurlen.errors import UserError
 from recurlen.files import write_text
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -31,11 +36,15 @@ STEP_CHECKPOINT = "step={step:06d}"
 """Lightning's filename pattern of the kept step checkpoints (without .ckpt)."""
 PREEMPTION_GLOB = "hpc_ckpt_*.ckpt"
 CONFIG_FILE = "config.yaml"
+HISTORY_FILE = "config_history.yaml"
+ARCHIVE_DIR = "archive"
+DAMAGED_SUFFIX = ".damaged"
 FITTED_NOISE_FILE = "fitted_noise.pt"
 TENSORBOARD_DIR = "tb"
 RANKS_DIR = "ranks"
-RESUME_CHOICES = ("auto", "never")
-"""`resume` is one of these or the path of a .ckpt file."""
+RESUME_CHOICES = ("auto", "never", "archive")
+"""`resume` is one of these or the path of a .ckpt file: auto continues the run in run_dir (if any), never starts
+a new run in an empty run_dir, archive moves an earlier run aside (ARCHIVE_DIR) and starts a new one."""
 RUN_META_KEY = "recurlen"
 """Key of a Lightning checkpoint under which the LightningModule stores the model config and training facts."""
 
@@ -69,26 +78,55 @@ class RunDir:
     def tensorboard(self) -> Path:
         return self.path / TENSORBOARD_DIR
 
+    @property
+    def history_file(self) -> Path:
+        return self.path / HISTORY_FILE
+
+    @property
+    def archive(self) -> Path:
+        return self.path / ARCHIVE_DIR
+
     def rank_summary(self, rank: int) -> Path:
         return self.path / RANKS_DIR / f"rank{rank}.json"
 
     def has_checkpoint(self) -> bool:
         return self.last_checkpoint.is_file()
 
+    def checkpoint_candidates(self) -> list[Path]:
+        """Every checkpoint a resume could start from, newest first (last.ckpt first among equally new files)."""
+        found = list(self.checkpoints.glob("*.ckpt")) + list(self.path.glob(PREEMPTION_GLOB))
+        stamped = []
+        for p in found:
+            try:
+                stamped.append((p.stat().st_mtime, p.name == LAST_CHECKPOINT, p.name, p))
+            except FileNotFoundError:  # moved aside by another rank meanwhile
+                continue
+        return [p for *_, p in sorted(stamped, reverse=True)]
+
+    def damaged_checkpoints(self) -> list[Path]:
+        """Checkpoints moved aside as damaged by an earlier resume."""
+        return sorted(self.checkpoints.glob(f"*{DAMAGED_SUFFIX}*")) + sorted(self.path.glob(f"*{DAMAGED_SUFFIX}*"))
+
+    def run_files(self) -> list[Path]:
+        """What an earlier run left in this directory (what resume=never refuses to mix with, and resume=archive
+        moves aside): config, history, checkpoints, TensorBoard logs, rank summaries, fitted noise."""
+        names = (CONFIG_FILE, HISTORY_FILE, CHECKPOINTS_DIR, TENSORBOARD_DIR, RANKS_DIR, FITTED_NOISE_FILE)
+        out = [self.path / n for n in names if (self.path / n).exists()]
+        return out + sorted(self.path.glob(PREEMPTION_GLOB))
+
     def resume_checkpoint(self, resume: str) -> str | None:
-        """'never' -> None; a .ckpt path as is; 'auto' -> the newest checkpoint of this run, None if it has none."""
+        """'never' / 'archive' -> None; a .ckpt path as is; 'auto' -> the newest checkpoint of this run, None if it
+        has none (whether it is intact is recurlen.resume's business)."""
         check_resume(resume)
-        if resume == "never":
+        if resume in ("never", "archive"):
             return None
         if resume != "auto":
             if not Path(resume).is_file():
-                raise FileNotFoundError(f"resume={resume!r}: no such checkpoint file (use 'auto', 'never' or a .ckpt "
-                                        "path)")
+                raise FileNotFoundError(f"resume={resume!r}: no such checkpoint file (use 'auto', 'never', "
+                                        "'archive' or a .ckpt path)")
             return resume
-        candidates = list(self.checkpoints.glob("*.ckpt")) + list(self.path.glob(PREEMPTION_GLOB))
-        if not candidates:
-            return None
-        return str(max(candidates, key=lambda p: (p.stat().st_mtime, p.name == LAST_CHECKPOINT)))
+        candidates = self.checkpoint_candidates()
+        return str(candidates[0]) if candidates else None
 
     def save_config(self, resolved: dict) -> Path:
         return write_text(self.config_file, OmegaConf.to_yaml(OmegaConf.create(resolved)))
@@ -105,6 +143,16 @@ def check_resume(resume: str) -> None:
     if resume not in RESUME_CHOICES and not str(resume).endswith(".ckpt"):
         raise ValueError(f"resume={resume!r} is not allowed; use one of {list(RESUME_CHOICES)} or the path of a "
                          ".ckpt file")
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The global step a checkpoint was written at (memory-mapped: the weights are not read); None when the file
+    does not load."""
+    try:
+        ckpt = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
+        return int(ckpt["global_step"])
+    except Exception:  # a damaged or foreign file has no step to report
+        return None
 
 
 def run_dir_of(path: str | Path) -> RunDir | None:
@@ -146,6 +194,19 @@ class LoadedModel:
         self.source = source
 
 
+def load_checkpoint_file(path: str | Path) -> dict:
+    """A recurlen .ckpt (weights_only); a file that does not load is a one-line user error naming it."""
+    from recurlen.checkpoint import load_error
+
+    try:
+        ckpt = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise load_error(path, err) from err
+    if not isinstance(ckpt, dict):
+        raise UserError(f"{path} is not a recurlen checkpoint (it holds a {type(ckpt).__name__}, not a dict)")
+    return ckpt
+
+
 def _checkpoint_file(path: str) -> Path | None:
     """The .ckpt that `path` names: itself, or a run directory's last checkpoint; None for other sources."""
     p = Path(path).expanduser()
@@ -160,10 +221,10 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
     """Load a run (its directory or a .ckpt) or an official-format directory / cached hub id."""
     ckpt_path = _checkpoint_file(path)
     if ckpt_path is not None:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        ckpt = load_checkpoint_file(ckpt_path)
         meta = ckpt.get(RUN_META_KEY)
         if not meta or "model_config" not in meta:
-            raise ValueError(f"{ckpt_path} is a Lightning checkpoint without recurlen metadata (key {RUN_META_KEY!r}); "
+            raise UserError(f"{ckpt_path} is a Lightning checkpoint without recurlen metadata (key {RUN_META_KEY!r}); "
                              "it was not written by recurlen's LightningModule and has no state API to evaluate")
         # Checkpoints written before there were several architectures hold Mamba-2 models.
         a = arch.get(meta.get("architecture", arch.DEFAULT))
@@ -181,5 +242,6 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
                        train_seq_len=a.official_train_seq_len(directory), source=str(directory))
 
 
-__all__ = ["CONFIG_FILE", "FITTED_NOISE_FILE", "LAST_CHECKPOINT", "RUN_META_KEY", "LoadedModel", "RunDir",
-           "check_resume", "load_model", "run_config", "run_dir_of"]
+__all__ = ["ARCHIVE_DIR", "CONFIG_FILE", "DAMAGED_SUFFIX", "FITTED_NOISE_FILE", "HISTORY_FILE", "LAST_CHECKPOINT",
+           "RUN_META_KEY", "LoadedModel", "RunDir", "check_resume", "checkpoint_step", "load_checkpoint_file",
+           "load_model", "run_config", "run_dir_of"]

@@ -14,19 +14,20 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 
 from recurlen import arch
 from recurlen.arch import RecurrentLM
 from recurlen.data.datamodule import RecurlenDataModule
-from recurlen.errors import Interrupted
+from recurlen.errors import Interrupted, NonFinite, UserError
 from recurlen.experiment.compose import resolved_config
 from recurlen.experiment.schema import ExperimentConfig
 from recurlen.files import save_torch, write_json
-from recurlen.interventions import FittedNoise, fit_noise_stats
+from recurlen.interventions import FittedNoise, build_intervention, fit_noise_stats
 from recurlen.lit_module import RecurlenModule
 from recurlen.preemption import Preemption
 from recurlen.progress_bar import StepProgressBar
+from recurlen.resume import decide, newest_finite_checkpoint, record
 from recurlen.runs import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
 from recurlen.tb_logging import RunTensorBoardLogger
 
@@ -44,10 +45,21 @@ logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdvert
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write each checkpoint to a temporary sibling and rename it: a crash never leaves a torn file."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._preloaded: tuple[str, dict] | None = None
+
+    def preload(self, path: str, checkpoint: dict) -> None:
+        """The resume decision already read and checked this checkpoint: hand it over instead of reading it again."""
+        self._preloaded = (str(Path(path)), checkpoint)
+
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         save_torch(checkpoint, path)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        if self._preloaded is not None and self._preloaded[0] == str(Path(path)):
+            checkpoint, self._preloaded = self._preloaded[1], None
+            return checkpoint
         # Never unpickle code, whatever torch's default or the caller asks: a checkpoint handed over is data.
         return torch.load(path, map_location=map_location or "cpu", weights_only=True)
 
@@ -141,9 +153,39 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
     )
 
 
-@rank_zero_only
-def _save_config(run: RunDir, resolved: dict) -> None:
-    run.save_config(resolved)
+def check_devices(t) -> None:
+    """Devices this machine cannot give are a one-line error before any model or data is built (Lightning would
+    say so with a traceback, after the heavy work)."""
+    accelerator = str(t.accelerator).lower()
+    if accelerator in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"trainer.accelerator={t.accelerator} but this machine has no usable CUDA GPU (torch "
+                            f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); use "
+                            "trainer.accelerator=cpu or auto")
+        devices = str(t.devices)
+        count = torch.cuda.device_count()
+        if devices in ("auto", "-1"):
+            wanted = 0
+        elif devices.isdigit():
+            wanted = int(devices)
+        else:
+            wanted = len([d for d in devices.split(",") if d.strip()])
+        if wanted > count:
+            raise UserError(f"trainer.devices={devices} asks for {wanted} GPUs; this machine has {count}")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise UserError("trainer.accelerator=mps but MPS is not available here; use trainer.accelerator=cpu or auto")
+
+
+def _launch_rank() -> int:
+    """This process's rank as its launcher set it, before the Trainer exists (0 for a plain single process)."""
+    import os
+
+    for name in ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    node = int(os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or 0)
+    local = int(os.environ.get("LOCAL_RANK") or 0)
+    return 0 if node == 0 and local == 0 else 1
 
 
 def diagnostics_callbacks(cfg: ExperimentConfig, datamodule: L.LightningDataModule) -> list[Callback]:
@@ -186,6 +228,7 @@ def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | N
     """
     run = RunDir(cfg.resolved_run_dir)
     resolved = resolved_config(cfg)
+    check_devices(cfg.trainer)
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -193,15 +236,33 @@ def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | N
         datamodule = RecurlenDataModule(cfg.data)
     model = build_model(cfg)
     datamodule.check_model_vocab(model.config.vocab_size)
+    if cfg.intervention.name == "fitted_noise" and cfg.intervention.fit_stats:  # a bad file: say so before writing
+        build_intervention(cfg.intervention, seed=cfg.seed, zero_state=model.zero_state(1, device="cpu")
+                           ).load_stats_file()
+    # Nothing in the run directory changes before this decision (resume.py): which checkpoint, which settings.
+    rank = _launch_rank()
+    decision = decide(run, cfg.resume, resolved, model, max_steps=cfg.trainer.max_steps, rank=rank)
+    if decision.finished:
+        return run.path
+    if rank == 0:
+        record(run, resolved, decision)
     module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
                             train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
                             total_steps=cfg.trainer.max_steps, hparams=resolved)
     trainer = build_trainer(cfg, run, [*diagnostics_callbacks(cfg, datamodule), *callbacks])
-    ckpt_path = run.resume_checkpoint(cfg.resume)
+    ckpt_path = decision.checkpoint
     if ckpt_path:
-        rank_zero_info(f"resuming from {ckpt_path}")
-    _save_config(run, resolved)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        rank_zero_info(f"resuming from {ckpt_path} (step {decision.step})")
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, AtomicCheckpointIO) and decision.loaded is not None:
+            io.preload(ckpt_path, decision.loaded)
+        decision.loaded = None
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except NonFinite as err:  # add where to resume from: the newest checkpoint that really is finite
+        newest = newest_finite_checkpoint(run)
+        path, step = newest if newest else (None, None)
+        raise err.with_checkpoint(path, step, lr=cfg.optim.lr) from None
     fitted = module.intervention
     if isinstance(fitted, FittedNoise) and fitted.stats is not None and trainer.is_global_zero:
         fitted.stats.save(str(run.fitted_noise))

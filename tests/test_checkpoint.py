@@ -7,6 +7,7 @@ import torch
 
 from recurlen import Mamba2LM, preset
 from recurlen.config import PRESETS, Mamba2Config
+from recurlen.errors import UserError
 from recurlen.runs import load_model
 from recurlen.tokenizer import ByteTokenizer, HFTokenizer, check_vocab_fits, load_tokenizer
 
@@ -133,8 +134,18 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="missing \\['backbone.layers.1"):
         Mamba2LM.from_pretrained(str(tmp_path / "missing"))
     (tmp_path / "ok" / "pytorch_model.bin").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match=r"ok/pytorch_model.bin is not a readable PyTorch checkpoint \("):
+    with pytest.raises(UserError, match=r"ok/pytorch_model.bin cannot be loaded: it is damaged, truncated or not a "):
         Mamba2LM.from_pretrained(str(tmp_path / "ok"))
+    # Truncated (a copy cut short) and empty: one line naming the file, never torch's weights_only=False advice.
+    _write_official(tmp_path / "cut")
+    weights = tmp_path / "cut" / "pytorch_model.bin"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(UserError, match=r"cut/pytorch_model.bin cannot be loaded: it is damaged or truncated") as err:
+        Mamba2LM.from_pretrained(str(tmp_path / "cut"))
+    assert "weights_only" not in str(err.value) and "\n" not in str(err.value)
+    weights.write_bytes(b"")
+    with pytest.raises(UserError, match=r"cut/pytorch_model.bin cannot be loaded: the file is empty"):
+        Mamba2LM.from_pretrained(str(tmp_path / "cut"))
 
 
 def test_byte_tokenizer_round_trip_and_bad_bytes():

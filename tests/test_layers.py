@@ -32,7 +32,7 @@ LAYER_OF = {
     "recurlen.eval": "diagnostics", "callbacks": "diagnostics",
     "recurlen.interventions": "training", "recurlen.lit_module": "training", "recurlen.data": "training",
     "recurlen.train": "training", "recurlen.runs": "training", "recurlen.optim": "training",
-    "recurlen.experiment": "training",
+    "recurlen.experiment": "training", "recurlen.resume": "training",
     "recurlen.generation": "evaluation", "recurlen.eval.runner": "evaluation", "recurlen.eval.heldout": "evaluation",
     "recurlen.tasks": "evaluation",
     "recurlen.cli": "commands", "recurlen.eval_cli": "commands", "recurlen.demo": "commands",

@@ -6,6 +6,7 @@ import lightning as L
 import pytest
 import torch
 
+from recurlen.errors import NonFinite
 from recurlen.experiment.compose import load_experiment
 from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, build_intervention, fit_noise_stats
 from recurlen.lit_module import RecurlenModule
@@ -274,7 +275,9 @@ class PoisonAt(L.Callback):
 
 def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, cache_dir):
     cfg, _ = experiment(tmp_path / "run", cache_dir, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2")
-    with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at global step 3"):
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    with pytest.raises(NonFinite, match=r"non-finite training loss \(nan\) at global step 3; .* the newest finite "
+                       f"checkpoint is {last} \\(step 2\\): rerun .* optim.lr=0.00025"):
         run_finetune(cfg, callbacks=[PoisonAt(3)])
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 2

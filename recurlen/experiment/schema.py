@@ -100,6 +100,12 @@ class TrainerSection:
             raise ValueError(f"trainer.strategy={self.strategy!r} is unknown; allowed: {list(STRATEGIES)}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"trainer.num_threads must be >= 1 or null; got {self.num_threads}")
+        devices = str(self.devices).strip()
+        ids = [d.strip() for d in devices.split(",") if d.strip()]
+        if devices == "0" or not (devices in ("auto", "-1") or (devices.isdigit() and int(devices) >= 1)
+                                  or ("," in devices and ids and all(d.isdigit() for d in ids))):
+            raise ValueError(f"trainer.devices={self.devices!r} is not allowed; need 'auto', a count >= 1, -1 (every "
+                             "device) or a comma list of device ids such as '0,1' (devices=0 would train on nothing)")
 
 
 @dataclass
@@ -141,7 +147,9 @@ class ExperimentConfig:
     """Where checkpoints, TensorBoard logs and the resolved config go. Default runs/<name>/<model>-<intervention>,
     so that runs of other models or interventions never resume from each other's checkpoints."""
     resume: str = "auto"
-    """'auto' resumes from the newest checkpoint in run_dir, 'never' starts fresh, or a .ckpt path."""
+    """'auto' continues the run in run_dir from its newest intact checkpoint (changed settings: see the README's
+    resume rules), 'never' starts a new run and refuses a run_dir that holds one, 'archive' moves that run to
+    run_dir/archive/<time>/ and starts a new one, or the path of a .ckpt to continue from."""
     seed: int = 0
     """Seeds the initialisation, the data order and the interventions' randomness."""
     model: ModelSection = field(default_factory=ModelSection)

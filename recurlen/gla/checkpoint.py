@@ -16,6 +16,7 @@ from recurlen.checkpoint import (
     CONFIG_NAME,
     RECURLEN_CONFIG_NAME,
     SAFETENSORS_NAME,
+    load_error,
     resolve_pretrained_dir,
 )
 from recurlen.files import atomic_write
@@ -45,10 +46,16 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     if path.is_file():
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as err:
+            raise load_error(path, err) from err
     bin_path = directory / "pytorch_model.bin"
     if bin_path.is_file():  # some fla exports
-        return torch.load(bin_path, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(bin_path, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise load_error(bin_path, err) from err
     raise FileNotFoundError(f"{directory} has neither {SAFETENSORS_NAME} nor pytorch_model.bin")
 
 
