@@ -5,8 +5,11 @@ Stages, each an ordinary recurlen run (the same LightningModule, DataModule and 
   2. post/<name>      the base post-trained briefly with each intervention, the same budget  runs/demo/post/<name>
   3. eval             position-wise loss to 32T, the reset control, state norms, EffRem   runs/demo/eval
   4. report           report.md + results.json + PNGs                                       runs/demo
-Post-trainings run `parallel` at a time with `threads_per_run` threads each. A finished stage (its
-done marker matches the stage's arguments) is reused when the demo runs again.
+Post-trainings run `parallel` at a time with `threads_per_run` threads each. A finished stage is reused when
+the demo runs again: its done marker matches the stage's arguments and its checkpoint reached the planned step
+(read from the checkpoint, never inferred from an exit code). SIGTERM, SIGUSR1 or SIGINT to the demo is passed
+on to the running stages (each in its own session, so a signal to the whole group arrives once): they write
+their checkpoints and stop, the demo exits with 128 + the signal number, and running it again continues them.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,11 +32,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
+from recurlen.errors import Interrupted, UserError
 from recurlen.experiment.compose import experiments_dir
 from recurlen.files import write_json, write_text
 from recurlen.interventions import INTERVENTIONS
 from recurlen.report import FAILS_MARGIN, GENERALIZES_TOL, bins_of, in_context_loss, write_report
-from recurlen.runs import RunDir
+from recurlen.runs import RunDir, checkpoint_step
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +117,8 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
     lines = ["recurlen demo: plan", *experiment_plan(pre, command="demo")[2:4],
              f"  1. pretrain      {cfg.pretrain_steps or pre.trainer.max_steps} steps -> {root / 'pretrain'}"
              + (" (done: reused)" if _stage_done(root / "pretrain", _stage_args(
-                 cfg, cfg.pretrain_experiment, root / "pretrain", cfg.pretrain_steps, [])) else ""),
+                 cfg, cfg.pretrain_experiment, root / "pretrain", cfg.pretrain_steps, []),
+                 cfg.pretrain_steps or pre.trainer.max_steps) else ""),
              f"  2. post/<name>   {cfg.posttrain_steps or post.trainer.max_steps} steps each, {cfg.parallel} at a "
              f"time: {', '.join(cfg.interventions)} -> {root / 'post'}",
              f"  3. eval          {cfg.eval.num_sequences} held-out sequences of {cfg.eval.length} tokens"
@@ -120,35 +127,80 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
     return lines
 
 
-def _stage_done(run_dir: Path, args: list[str]) -> bool:
+def _stage_done(run_dir: Path, args: list[str], planned_steps: int) -> bool:
+    """Done = the marker records these arguments and the stage's checkpoint reached the planned step."""
     marker = run_dir / DONE_MARKER
-    return marker.is_file() and json.loads(marker.read_text()).get("args") == args
+    if not marker.is_file() or json.loads(marker.read_text()).get("args") != args:
+        return False
+    step = checkpoint_step(RunDir(run_dir).last_checkpoint)
+    return step is not None and step >= planned_steps
 
 
-def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int,
+class _Stages:
+    """The running stage processes, and a stop signal the demo received (passed on to each of them once)."""
+
+    def __init__(self) -> None:
+        self.running: set[subprocess.Popen] = set()
+        self.stopped_on: int | None = None
+        self.lock = threading.Lock()
+
+    def forward(self, signum: int, frame) -> None:
+        with self.lock:
+            self.stopped_on = self.stopped_on or signum
+            for proc in self.running:
+                if proc.poll() is None:
+                    proc.send_signal(signum)
+
+
+_STAGES = _Stages()
+
+
+def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planned_steps: int,
               on_step: Callable[[int, int], None] | None = None) -> dict:
     """One training run in a subprocess (its own threads and log); skipped when already done.
 
     The subprocess shows its step bar; its output goes to <run_dir>/train.log (the bar's last state per
-    line) and every update is passed to on_step(step, max_steps), so the demo's own bar can show it."""
-    if _stage_done(run_dir, args):
-        return {"stage": name, "reused": True, "seconds": 0.0}
+    line) and every update is passed to on_step(step, max_steps), so the demo's own bar can show it.
+    The stage is marked done only when its checkpoint holds `planned_steps` steps."""
+    last = RunDir(run_dir).last_checkpoint
+    if _stage_done(run_dir, args, planned_steps):
+        return {"stage": name, "reused": True, "seconds": 0.0, "steps": checkpoint_step(last)}
+    if _STAGES.stopped_on is not None:  # the demo was asked to stop before this stage began
+        raise Interrupted(_STAGES.stopped_on, step=checkpoint_step(last) or 0, checkpoint=None)
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     # The progress override comes after `args`, which stay what the done marker records.
     cmd = [sys.executable, "-m", "recurlen.cli", "finetune", *args, f"trainer.num_threads={threads}",
            "trainer.progress_bar=true"]
     start = time.perf_counter()
-    with open(run_dir / "train.log", "w") as logfile:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-        _follow(proc, logfile, on_step)
-        returncode = proc.wait()
+    log_path = run_dir / "train.log"
+    with open(log_path, "w") as logfile:
+        # Its own session: a signal to the demo's process group reaches the stage once, through the demo.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        with _STAGES.lock:
+            _STAGES.running.add(proc)
+        try:
+            _follow(proc, logfile, on_step)
+            returncode = proc.wait()
+        finally:
+            with _STAGES.lock:
+                _STAGES.running.discard(proc)
     seconds = time.perf_counter() - start
+    step = checkpoint_step(last) if last.is_file() else None
+    if returncode - 128 in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # stopped on a signal, resumable
+        raise Interrupted(returncode - 128, step=step or 0, checkpoint=str(last) if step is not None else None)
+    if returncode == 2:  # the stage's one-line user error, passed on as one line
+        lines = [ln for ln in log_path.read_text().splitlines() if ln.strip()]
+        raise UserError(f"demo stage {name}: {lines[-1] if lines else 'failed'} (log {log_path})")
     if returncode != 0:
-        tail = (run_dir / "train.log").read_text()[-2000:]
-        raise RuntimeError(f"demo stage {name} failed (exit {returncode}); log {run_dir / 'train.log'}:\n{tail}")
-    write_json(run_dir / DONE_MARKER, {"args": args, "seconds": seconds})
-    return {"stage": name, "reused": False, "seconds": seconds}
+        tail = log_path.read_text()[-2000:]
+        raise RuntimeError(f"demo stage {name} failed (exit {returncode}); log {log_path}:\n{tail}")
+    if step is None or step < planned_steps:
+        raise UserError(f"demo stage {name} exited 0 but its checkpoint is at step {step} of {planned_steps}; not "
+                        f"marked done; run the demo again to continue it (log {log_path})")
+    write_json(run_dir / DONE_MARKER, {"args": args, "seconds": seconds, "global_step": step})
+    return {"stage": name, "reused": False, "seconds": seconds, "steps": step}
 
 
 STEP_BAR = re.compile(r"train:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)")
@@ -182,6 +234,20 @@ def _stage_args(cfg: DemoConfig, experiment: str, run_dir: Path, steps: int | No
 
 
 def run_demo(cfg: DemoConfig) -> Path:
+    """Run the stages (see the module docstring); stop signals are passed on to the running stages."""
+    handled = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread():
+        return _run_demo(cfg)
+    previous = {s: signal.signal(s, _STAGES.forward) for s in handled}
+    _STAGES.stopped_on = None
+    try:
+        return _run_demo(cfg)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run_demo(cfg: DemoConfig) -> Path:
     root = Path(cfg.run_root)
     root.mkdir(parents=True, exist_ok=True)
     write_text(root / "demo_config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
@@ -202,9 +268,10 @@ def run_demo(cfg: DemoConfig) -> Path:
 
     stages.set_postfix_str("pretrain")
     pretrain_dir = root / "pretrain"
+    pre_steps, post_steps = planned_steps(cfg)
     timings.append(run_stage("pretrain", pretrain_dir,
                              _stage_args(cfg, cfg.pretrain_experiment, pretrain_dir, cfg.pretrain_steps, []),
-                             threads=total_threads, on_step=stepper("pretrain")))
+                             threads=total_threads, planned_steps=pre_steps, on_step=stepper("pretrain")))
     running.clear()
     stages.update(1)
 
@@ -214,7 +281,7 @@ def run_demo(cfg: DemoConfig) -> Path:
         run_dir = root / "post" / name
         args = _stage_args(cfg, cfg.posttrain_experiment, run_dir, cfg.posttrain_steps,
                            [f"intervention={name}", f"model.pretrained={base}"])
-        result = run_stage(f"post/{name}", run_dir, args, threads=cfg.threads_per_run,
+        result = run_stage(f"post/{name}", run_dir, args, threads=cfg.threads_per_run, planned_steps=post_steps,
                            on_step=stepper(f"post/{name}"))
         running.pop(f"post/{name}", None)
         stages.update(1)
@@ -235,15 +302,31 @@ def run_demo(cfg: DemoConfig) -> Path:
     return root
 
 
+def planned_steps(cfg: DemoConfig) -> tuple[int, int]:
+    """(pre-training, post-training) steps the demo's stages are to reach."""
+    pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
+    post = _experiment_cfg(cfg, cfg.posttrain_experiment)
+    return cfg.pretrain_steps or pre.trainer.max_steps, cfg.posttrain_steps or post.trainer.max_steps
+
+
+def _trained_steps(run_dir: Path) -> str:
+    step = checkpoint_step(RunDir(run_dir).last_checkpoint)
+    return "?" if step is None else str(step)
+
+
 def setup_notes(cfg: DemoConfig) -> list[str]:
-    """The report's Setup section: what was trained, and why A is initialised as it is."""
+    """The report's Setup section: what was trained (steps as the checkpoints hold them), and why A is initialised
+    as it is."""
     pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
     post = _experiment_cfg(cfg, cfg.posttrain_experiment)
     arch = pre.model.config
     low, high = arch.A_init_range
     spacing = "log-uniformly" if arch.A_init_log_uniform else "uniformly"
-    pre_steps = cfg.pretrain_steps or pre.trainer.max_steps
-    post_steps = cfg.posttrain_steps or post.trainer.max_steps
+    root = Path(cfg.run_root)
+    pre_steps = _trained_steps(root / "pretrain")
+    per_post = {name: _trained_steps(root / "post" / name) for name in cfg.interventions}
+    post_steps = (next(iter(per_post.values())) if len(set(per_post.values())) == 1
+                  else ", ".join(f"{n} {k}" for n, k in per_post.items()))
     return [
         "## Setup", "",
         f"- Base: Mamba-2 (d_model {arch.d_model}, {arch.n_layer} layers, d_state {arch.d_state}, headdim "

@@ -192,8 +192,10 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
         lines += _evaluation_lines(runs, verdicts, checks, plots)
     lines += task_sections(tasks, out)
     if timings:
-        lines += ["## Stages", "", "| stage | seconds | reused |", "|---|---|---|"]
-        lines += [f"| {t['stage']} | {t['seconds']:.0f} | {'yes' if t['reused'] else 'no'} |" for t in timings]
+        # Steps as the stage's checkpoint holds them (what was trained, not what was asked for).
+        lines += ["## Stages", "", "| stage | steps | seconds | reused |", "|---|---|---|---|"]
+        lines += [f"| {t['stage']} | {t.get('steps', '?')} | {t['seconds']:.0f} | {'yes' if t['reused'] else 'no'} |"
+                  for t in timings]
         lines += [""]
     if wall_seconds is not None:
         lines += [f"Total wall time: {wall_seconds / 60:.1f} min.", ""]

@@ -217,3 +217,130 @@ def test_read_only_run_dir_is_a_clear_error(tmp_path, cache_dir):
         else:
             out.chmod(0o755)
 
+
+
+def _one_line_error(proc, *needles):
+    """Exit 2 with a single `recurlen finetune: error: ...` line holding every needle, and no traceback."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "recurlen finetune: error:" in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+    return errors[0]
+
+
+def _damage(path, how):
+    stamp = path.stat().st_mtime
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 3])
+    else:  # one flipped bit in the tensor data: torch.load alone would not notice
+        flipped = bytearray(data)
+        flipped[len(data) // 2] ^= 0x04
+        path.write_bytes(bytes(flipped))
+    os.utime(path, (stamp + 60, stamp + 60))  # still the newest file
+
+
+@pytest.mark.parametrize("how", ["truncated", "bit-flip"])
+def test_damaged_last_ckpt_is_moved_aside_and_the_run_resumes_identically(tmp_path, cache_dir, reference, how):
+    out = tmp_path / "run"
+    every = ("trainer.checkpoint_every_n_steps=10",)
+    # The third write of last.ckpt (step 30) is killed: step=000030.ckpt was written just before it.
+    proc = run(args(out, cache_dir, *every), RECURLEN_FAULT="point=start,file=last.ckpt,skip=2,action=kill")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    last = RunDir(out).last_checkpoint
+    _damage(last, how)
+    again = run(args(out, cache_dir, *every))
+    assert again.returncode == 0, again.stderr[-3000:]
+    warned = [line for line in again.stderr.splitlines() if "moved aside" in line]
+    assert len(warned) == 1 and str(last) in warned[0] and "last.ckpt.damaged" in warned[0], again.stderr[-3000:]
+    assert f"resuming from {out / 'checkpoints' / 'step=000030.ckpt'} (step 30)" in again.stderr
+    assert (out / "checkpoints" / "last.ckpt.damaged").is_file()  # kept, never deleted
+    assert_same_run(out, reference)
+
+
+def test_rerun_with_changed_settings_is_refused_or_applied(tmp_path, cache_dir, reference):
+    from omegaconf import OmegaConf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(reference), str(out)], check=True)
+    config = (out / "config.yaml").read_text()
+    for override, named in (("data.batch_size=4", "data.batch_size 2 -> 4"),
+                            ("intervention=fitted_noise", "intervention.name state_passing -> fitted_noise"),
+                            ("model=tiny", "holds another model (d_model 64 -> 128")):
+        _one_line_error(run(args(out, cache_dir, override)), named, "another run_dir", "resume=archive")
+        assert (out / "config.yaml").read_text() == config  # nothing rewritten by a refused rerun
+    _one_line_error(run(args(out, cache_dir, "resume=never")), "already holds a run", "resume=archive")
+    # Changeable: more steps at a lower rate continue the finished run, and the new rate is the one used.
+    proc = run(args(out, cache_dir, "optim.lr=5e-4", steps=STEPS + 10))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"with changed settings: optim.lr 0.001 -> 0.0005; trainer.max_steps {STEPS} -> {STEPS + 10}" in proc.stderr
+    assert weights(out)[0] == STEPS + 10
+    assert OmegaConf.load(out / "config.yaml").optim.lr == 5e-4
+    history = OmegaConf.to_container(OmegaConf.load(out / "config_history.yaml"))
+    assert history[-1]["changed"]["optim.lr"] == {"from": 1e-3, "to": 5e-4}
+    acc = EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    lrs = {e.step: e.value for e in acc.Scalars("train/lr")}
+    assert max(v for s, v in lrs.items() if s >= STEPS) == pytest.approx(5e-4) < lrs[STEPS - 10]
+
+
+def test_sigterm_to_a_demo_stage_is_not_marked_done_and_the_rerun_continues(tmp_path):
+    import json
+
+    root, cache = tmp_path / "demo", tmp_path / "cache"
+    cmd = [sys.executable, "-m", "recurlen.cli", "demo", f"run_root={root}", "pretrain_steps=60",
+           "posttrain_steps=2", "interventions=[none]", "eval.effrem=false", "eval.length=128",
+           "eval.num_sequences=2", "eval.chunk_len=64", "eval.batch_size=2",
+           "overrides=[data.max_documents=60,data.val_length=128,data.val_sequences=2,data.batch_size=8,"
+           "trainer.val_every_n_steps=1000,trainer.checkpoint_every_n_steps=1000,trainer.limit_val_batches=1]"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(RECURLEN_CACHE=str(cache)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log, deadline = root / "pretrain" / "train.log", time.time() + 300
+    while not (log.is_file() and "writes a checkpoint after the current step" in log.read_text()):
+        assert proc.poll() is None and time.time() < deadline, "the pre-training stage never started training"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    stage = _children(proc.pid)
+    assert stage, "no stage process"
+    os.kill(stage[0], signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    assert "interrupted by SIGTERM after step" in err and "Traceback" not in err, err[-3000:]
+    step = weights(root / "pretrain")[0]
+    assert 0 < step < 60
+    assert not (root / "pretrain" / "stage_done.json").exists()
+    again = subprocess.run(cmd, cwd=REPO, env=env(RECURLEN_CACHE=str(cache)), capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert weights(root / "pretrain")[0] == 60
+    assert json.loads((root / "pretrain" / "stage_done.json").read_text())["global_step"] == 60
+    report = (root / "report.md").read_text()
+    assert "pre-trained for 60 steps" in report and "| pretrain | 60 |" in report
+
+
+def test_fitted_noise_file_with_the_wrong_shape_is_a_clear_error(tmp_path, cache_dir):
+    from recurlen.interventions import FittedNoiseStats
+
+    bad = tmp_path / "noise.pt"
+    FittedNoiseStats(torch.zeros(5, 8), torch.ones(5, 8)).save(str(bad))
+    out = tmp_path / "run"
+    proc = run(args(out, cache_dir, "intervention=fitted_noise", f"intervention.fit_stats={bad}"))
+    _one_line_error(proc, str(bad), "shape (5, 8)", "needs (2, 8)")
+    assert not out.exists()
+
+
+def test_nan_at_a_step_stops_before_it_is_saved_and_a_lower_lr_resumes(tmp_path, cache_dir):
+    out = tmp_path / "run"
+    every = ("trainer.checkpoint_every_n_steps=10",)
+    proc = run(args(out, cache_dir, *every), RECURLEN_FAULT="point=step,step=25,action=nan,what=grad")
+    last = RunDir(out).last_checkpoint
+    _one_line_error(proc, "non-finite gradient of backbone.layers.0.", "(layer 0) at global step 25",
+                    f"newest finite checkpoint is {last} (step 20)", "optim.lr=0.00025")
+    assert weights(out)[0] == 20 and sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "last.ckpt", "step=000010.ckpt", "step=000020.ckpt"]
+    again = run(args(out, cache_dir, *every, "optim.lr=0.00025"))  # the message's advice
+    assert again.returncode == 0, again.stderr[-3000:]
+    step, state = weights(out)
+    assert step == STEPS and all(torch.isfinite(v).all() for v in state.values())
