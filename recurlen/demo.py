@@ -325,14 +325,15 @@ def setup_notes(cfg: DemoConfig) -> list[str]:
     root = Path(cfg.run_root)
     pre_steps = _trained_steps(root / "pretrain")
     per_post = {name: _trained_steps(root / "post" / name) for name in cfg.interventions}
-    post_steps = (next(iter(per_post.values())) if len(set(per_post.values())) == 1
-                  else ", ".join(f"{n} {k}" for n, k in per_post.items()))
+    post_steps = (f"{next(iter(per_post.values()))} steps per intervention ({', '.join(cfg.interventions)})"
+                  if len(set(per_post.values())) == 1
+                  else f"steps as the checkpoints hold them ({', '.join(f'{n} {k}' for n, k in per_post.items())})")
     return [
         "## Setup", "",
         f"- Base: Mamba-2 (d_model {arch.d_model}, {arch.n_layer} layers, d_state {arch.d_state}, headdim "
         f"{arch.headdim}, tokenizer `{pre.data.tokenizer}`), pre-trained for {pre_steps} steps from a zero initial "
         f"state at T = {pre.data.seq_len} (batch {pre.data.batch_size}, lr {pre.optim.lr:g}) on `{pre.data.source}`.",
-        f"- Post-training: {post_steps} steps per intervention ({', '.join(cfg.interventions)}), lr "
+        f"- Post-training: {post_steps}, lr "
         f"{post.optim.lr:g}, the same data and T.",
         f"- A is initialised {spacing} in [{low:g}, {high:g}] (`model.arch.A_init_range`): slowly decaying heads. "
         "With mamba-ssm's default initialisation (A in [1, 16]) models of this size did NOT fail past T in "

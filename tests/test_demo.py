@@ -69,3 +69,82 @@ def test_bad_demo_config_is_a_clear_error():
         load_demo_config(["interventions=[none,bogus]"])
     with pytest.raises(ValueError, match="unknown demo setting 'no_such_field'"):
         load_demo_config(["no_such_field=1"])
+
+
+# ---- a stage is done only when its checkpoint reached the planned step (fast: a stand-in stage process) ----
+
+
+def _fake_stage(monkeypatch, *, writes_step, exit_code):
+    """The finetune subprocess replaced by one that writes last.ckpt at `writes_step` and exits with `exit_code`."""
+    import recurlen.demo as demo
+
+    real = subprocess.Popen
+
+    def popen(cmd, **kwargs):
+        run_dir = next(a.split("=", 1)[1] for a in cmd if a.startswith("run_dir="))
+        script = ("import sys, torch; from pathlib import Path; p = Path(sys.argv[1]) / 'checkpoints'; "
+                  "p.mkdir(parents=True, exist_ok=True); s = sys.argv[2]; "
+                  "s != 'none' and torch.save({'global_step': int(s)}, p / 'last.ckpt'); sys.exit(int(sys.argv[3]))")
+        return real([sys.executable, "-c", script, run_dir, str(writes_step).lower(), str(exit_code)], **kwargs)
+
+    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setattr(demo._STAGES, "stopped_on", None)
+
+
+def test_stage_done_only_when_its_checkpoint_reached_the_planned_step(tmp_path, monkeypatch):
+    from recurlen.demo import DONE_MARKER, _stage_done, run_stage
+
+    run_dir = tmp_path / "stage"
+    args = [f"run_dir={run_dir}", "trainer.max_steps=10"]
+    _fake_stage(monkeypatch, writes_step=10, exit_code=0)
+    result = run_stage("pretrain", run_dir, args, threads=1, planned_steps=10)
+    assert result["steps"] == 10 and not result["reused"]
+    assert _stage_done(run_dir, args, 10)
+    assert run_stage("pretrain", run_dir, args, threads=1, planned_steps=10)["reused"]
+    # The marker alone proves nothing: a checkpoint short of the plan (the plan grew, or it was replaced) is not done.
+    assert not _stage_done(run_dir, args, 12)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"torn")
+    assert not _stage_done(run_dir, args, 10)
+    assert (run_dir / DONE_MARKER).is_file()
+
+
+def test_stage_that_exits_0_short_of_its_steps_is_not_done(tmp_path, monkeypatch):
+    from recurlen.demo import DONE_MARKER, run_stage
+    from recurlen.errors import UserError
+
+    run_dir = tmp_path / "stage"
+    _fake_stage(monkeypatch, writes_step=120, exit_code=0)  # what a SIGTERM'd stage once did: exit 0 at step 120
+    with pytest.raises(UserError, match=r"demo stage pretrain exited 0 but its checkpoint is at step 120 of 100000; "
+                                        "not marked done"):
+        run_stage("pretrain", run_dir, [f"run_dir={run_dir}"], threads=1, planned_steps=100000)
+    assert not (run_dir / DONE_MARKER).exists()
+
+
+def test_stage_stopped_by_a_signal_is_interrupted_not_done(tmp_path, monkeypatch):
+    from recurlen.demo import DONE_MARKER, run_stage
+    from recurlen.errors import Interrupted
+
+    run_dir = tmp_path / "stage"
+    _fake_stage(monkeypatch, writes_step=40, exit_code=143)
+    with pytest.raises(Interrupted, match=r"interrupted by SIGTERM after step 40, checkpoint .*last.ckpt written; "
+                                          "resumable") as info:
+        run_stage("post/tbptt", run_dir, [f"run_dir={run_dir}"], threads=1, planned_steps=100)
+    assert info.value.exit_code == 143
+    assert not (run_dir / DONE_MARKER).exists()
+
+
+def test_report_states_the_steps_its_checkpoints_hold(tmp_path):
+    import torch
+
+    from recurlen.demo import setup_notes
+
+    cfg = load_demo_config([f"run_root={tmp_path}", "pretrain_steps=50", "posttrain_steps=7",
+                            "interventions=[none,tbptt]"])
+    for stage, step in [("pretrain", 31), ("post/none", 7), ("post/tbptt", 7)]:
+        (tmp_path / stage / "checkpoints").mkdir(parents=True)
+        torch.save({"global_step": step}, tmp_path / stage / "checkpoints" / "last.ckpt")
+    text = "\n".join(setup_notes(cfg))
+    assert "pre-trained for 31 steps" in text and "Post-training: 7 steps per intervention (none, tbptt), lr" in text
+    torch.save({"global_step": 5}, tmp_path / "post" / "tbptt" / "checkpoints" / "last.ckpt")
+    text = "\n".join(setup_notes(cfg))
+    assert "Post-training: steps as the checkpoints hold them (none 7, tbptt 5), lr" in text
