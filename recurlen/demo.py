@@ -188,8 +188,11 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
                 _STAGES.running.discard(proc)
     seconds = time.perf_counter() - start
     step = checkpoint_step(last) if last.is_file() else None
-    if returncode - 128 in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # stopped on a signal, resumable
-        raise Interrupted(returncode - 128, step=step or 0, checkpoint=str(last) if step is not None else None)
+    # Stopped on a signal, resumable: 128 + signal from the stage's handler, or -signal when it arrived before
+    # the stage installed its handler (nothing trained since the last checkpoint).
+    signum = -returncode if returncode < 0 else returncode - 128
+    if signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        raise Interrupted(signum, step=step or 0, checkpoint=str(last) if step is not None else None)
     if returncode == 2:  # the stage's one-line user error, passed on as one line
         lines = [ln for ln in log_path.read_text().splitlines() if ln.strip()]
         raise UserError(f"demo stage {name}: {lines[-1] if lines else 'failed'} (log {log_path})")
@@ -214,6 +217,7 @@ def _follow(proc: subprocess.Popen, logfile, on_step: Callable[[int, int], None]
         for part in re.split(r"(\r|\n)", raw.decode(errors="replace")):
             if part == "\n":
                 logfile.write(line + "\n")
+                logfile.flush()  # the log is what a user (or a scheduler's watcher) tails while the stage runs
                 line = ""
             elif part == "\r":  # a redraw: the bar starts over on the same line
                 line = ""

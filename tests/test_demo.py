@@ -82,9 +82,10 @@ def _fake_stage(monkeypatch, *, writes_step, exit_code):
 
     def popen(cmd, **kwargs):
         run_dir = next(a.split("=", 1)[1] for a in cmd if a.startswith("run_dir="))
-        script = ("import sys, torch; from pathlib import Path; p = Path(sys.argv[1]) / 'checkpoints'; "
+        script = ("import os, sys, torch; from pathlib import Path; p = Path(sys.argv[1]) / 'checkpoints'; "
                   "p.mkdir(parents=True, exist_ok=True); s = sys.argv[2]; "
-                  "s != 'none' and torch.save({'global_step': int(s)}, p / 'last.ckpt'); sys.exit(int(sys.argv[3]))")
+                  "s != 'none' and torch.save({'global_step': int(s)}, p / 'last.ckpt'); code = int(sys.argv[3]); "
+                  "code < 0 and os.kill(os.getpid(), -code); sys.exit(code)")
         return real([sys.executable, "-c", script, run_dir, str(writes_step).lower(), str(exit_code)], **kwargs)
 
     monkeypatch.setattr(demo.subprocess, "Popen", popen)
@@ -120,12 +121,14 @@ def test_stage_that_exits_0_short_of_its_steps_is_not_done(tmp_path, monkeypatch
     assert not (run_dir / DONE_MARKER).exists()
 
 
-def test_stage_stopped_by_a_signal_is_interrupted_not_done(tmp_path, monkeypatch):
+@pytest.mark.parametrize("exit_code", [143, -15], ids=["handled", "before-the-handler"])
+def test_stage_stopped_by_a_signal_is_interrupted_not_done(tmp_path, monkeypatch, exit_code):
+    """143: the stage's handler checkpointed and exited; -15: SIGTERM killed it before it installed one."""
     from recurlen.demo import DONE_MARKER, run_stage
     from recurlen.errors import Interrupted
 
     run_dir = tmp_path / "stage"
-    _fake_stage(monkeypatch, writes_step=40, exit_code=143)
+    _fake_stage(monkeypatch, writes_step=40, exit_code=exit_code)
     with pytest.raises(Interrupted, match=r"interrupted by SIGTERM after step 40, checkpoint .*last.ckpt written; "
                                           "resumable") as info:
         run_stage("post/tbptt", run_dir, [f"run_dir={run_dir}"], threads=1, planned_steps=100)

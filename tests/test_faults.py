@@ -81,8 +81,14 @@ def reference(tmp_path_factory, cache_dir):
 
 
 def _children(pid):
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
+    """Child processes of pid, started from any of its threads (the demo starts stages from worker threads)."""
+    kids = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids += [int(x) for x in path.read_text().split()]
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    return kids
 
 
 def interrupt_during_training(cmd, signum, *, seed, to_child=False, **env_extra):
