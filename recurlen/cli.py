@@ -389,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         if debug_requested(argv):
             raise
-        sys.stderr.write(f"recurlen {name}: error: {one_line(err)}\n")
+        if not getattr(err, "elsewhere", False):  # one line per run, from the rank where it happened
+            sys.stderr.write(f"recurlen {name}: error: {one_line(err)}\n")
         return 2
 
 

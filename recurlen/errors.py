@@ -64,9 +64,11 @@ class NonFinite(UserError):
     with the step and what went non-finite; `recurlen.train` adds the newest checkpoint that is finite and
     the advice to resume from it with a lower learning rate (`with_checkpoint`)."""
 
-    def __init__(self, what: str, *, step: int, advice: str = "") -> None:
+    def __init__(self, what: str, *, step: int, advice: str = "", elsewhere: bool = False) -> None:
         self.what = what
         self.step = step
+        self.elsewhere = elsewhere
+        """Under DDP: the value went non-finite on another rank; that rank says what, this one stops quietly."""
         text = f"{what} at global step {step}; training stopped and no checkpoint holds it"
         super().__init__(f"{text}; {advice}" if advice else text)
 
@@ -78,7 +80,7 @@ class NonFinite(UserError):
         else:
             advice = (f"the newest finite checkpoint is {checkpoint} (step {checkpoint_step}): rerun the same command "
                       f"with a lower learning rate (e.g. {lower}; resume=auto continues from it)")
-        return NonFinite(self.what, step=self.step, advice=advice)
+        return NonFinite(self.what, step=self.step, advice=advice, elsewhere=self.elsewhere)
 
 
 def debug_requested(argv: list[str]) -> bool:

@@ -49,8 +49,10 @@ def _spec() -> dict[str, str] | None:
 def nan_at(step: int, what: str) -> bool:
     """Whether training should make `what` non-finite at this optimizer step (a test's RECURLEN_FAULT)."""
     spec = _spec()
+    # rank=N limits it to one DDP process (the launcher's children have LOCAL_RANK; the first process is rank 0).
     return (spec is not None and spec["action"] == "nan" and spec["what"] == what
-            and int(spec.get("step", -1)) == step)
+            and int(spec.get("step", -1)) == step
+            and ("rank" not in spec or int(spec["rank"]) == int(os.environ.get("LOCAL_RANK", "0"))))
 
 
 def at(point: str, target: Path, tmp: Path | None = None) -> None:

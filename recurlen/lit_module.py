@@ -101,18 +101,25 @@ class RecurlenModule(L.LightningModule):
         """Stop where a NaN or infinity first shows: the carried state (naming the layer) or the loss.
 
         One host sync for both. The state comes first: a non-finite state makes the loss non-finite too, and
-        the layer it names says more."""
+        the layer it names says more. Under DDP the flags are summed over the ranks first, so that every rank
+        stops at the same step: a rank stopping alone would leave the others waiting in the gradient all-reduce."""
         bad_layers = [~torch.isfinite(getattr(final, part).detach()).flatten(1).all(dim=1) for part in final.RECURRENT]
-        flags = torch.cat([(~torch.isfinite(loss.detach())).view(1), *bad_layers]).cpu().tolist()
+        local = torch.cat([(~torch.isfinite(loss.detach())).view(1), *bad_layers]).float()
+        ranks = self.ranks()
+        # The reduce works in place: it gets a copy, `local` stays this rank's own.
+        flags = (ranks.all_reduce_sum(local.clone()) if ranks.world_size > 1 else local).cpu().tolist()
         if not any(flags):
             return
+        where = "" if any(local.cpu().tolist()) else " on another rank"
         offset = 1
         for part, layers in zip(final.RECURRENT, bad_layers):
             hits = [k for k, bad in enumerate(flags[offset:offset + len(layers)]) if bad]
             if hits:
-                raise NonFinite(f"non-finite carried state ({part} of layer {hits[0]})", step=self.global_step)
+                raise NonFinite(f"non-finite carried state ({part} of layer {hits[0]}){where}", step=self.global_step,
+                                elsewhere=bool(where))
             offset += len(layers)
-        raise NonFinite(f"non-finite training loss ({loss.item()})", step=self.global_step)
+        raise NonFinite(f"non-finite training loss ({loss.item() if not where else 'nan'}){where}",
+                        step=self.global_step, elsewhere=bool(where))
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # The rate this optimizer step uses: the scheduler steps after it, so reading it later shows step k+1's.

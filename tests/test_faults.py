@@ -341,6 +341,18 @@ def test_fitted_noise_file_with_the_wrong_shape_is_a_clear_error(tmp_path, cache
     assert not out.exists()
 
 
+def test_nan_on_one_ddp_rank_stops_every_rank(tmp_path, cache_dir):
+    """A NaN loss on rank 1 only: both ranks stop at that step with the one-line error (none is left waiting in
+    the gradient all-reduce), and nothing of that step is saved."""
+    out = tmp_path / "run"
+    ddp = ("trainer.devices=2", "trainer.strategy=ddp", "trainer.checkpoint_every_n_steps=10")
+    proc = run(args(out, cache_dir, *ddp), MASTER_PORT=free_port(),
+               RECURLEN_FAULT="point=step,step=15,action=nan,what=loss,rank=1")
+    _one_line_error(proc, "non-finite training loss (nan) at global step 15",
+                    f"newest finite checkpoint is {RunDir(out).last_checkpoint} (step 10)")
+    assert weights(out)[0] == 10
+
+
 def test_nan_at_a_step_stops_before_it_is_saved_and_a_lower_lr_resumes(tmp_path, cache_dir):
     out = tmp_path / "run"
     every = ("trainer.checkpoint_every_n_steps=10",)
