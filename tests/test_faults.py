@@ -7,6 +7,7 @@ disk fills up part-way through a write (a size-limited tmpfs when this machine l
 same ENOSPC raised by the fault hook); the run directory is read-only.
 """
 
+import contextlib
 import os
 import random
 import signal
@@ -84,10 +85,8 @@ def _children(pid):
     """Child processes of pid, started from any of its threads (the demo starts stages from worker threads)."""
     kids = []
     for path in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
+        with contextlib.suppress(FileNotFoundError):  # the thread ended meanwhile
             kids += [int(x) for x in path.read_text().split()]
-        except FileNotFoundError:  # the thread ended meanwhile
-            pass
     return kids
 
 
