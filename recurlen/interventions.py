@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from recurlen.errors import UserError
 from recurlen.files import save_torch
 from recurlen.layered_state import LayeredState
+from recurlen.noise_refresh import REFRESH_MODES, StatsRefresh
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,15 @@ class InterventionConfig:
     """fitted_noise: training batches whose final states the statistics are fitted on."""
     fit_stats: str | None = None
     """fitted_noise: a file written by `recurlen fit-noise`; None fits automatically at the start of training."""
+    fit_refresh: str = "none"
+    """fitted_noise: none keeps the statistics fitted before training; every / ema update them from the final
+    states seen in training (all ranks), at the end of every fit_refresh_every steps: every replaces them by
+    those steps' statistics, ema blends those in (moments <- fit_ema x old + (1 - fit_ema) x new)."""
+    fit_refresh_every: int = 10
+    """fitted_noise with fit_refresh: training batches per refresh, whose final states one refresh pools (the
+    data's steps: micro-batches under gradient accumulation, so every rank refreshes at the same batch)."""
+    fit_ema: float = 0.9
+    """fitted_noise with fit_refresh=ema: the weight the old moments keep at each refresh, in [0, 1)."""
 
     def __post_init__(self) -> None:
         if self.name not in INTERVENTIONS:
@@ -70,6 +80,13 @@ class InterventionConfig:
                              ">= 1 (segments per long sequence) or null (one endless sequence per lane)")
         if self.fit_batches < 1:
             raise ValueError(f"intervention.fit_batches must be >= 1; got {self.fit_batches}")
+        if self.fit_refresh not in REFRESH_MODES:
+            raise ValueError(f"intervention.fit_refresh={self.fit_refresh!r} is unknown; "
+                             f"allowed: {list(REFRESH_MODES)}")
+        if self.fit_refresh_every < 1:
+            raise ValueError(f"intervention.fit_refresh_every must be >= 1; got {self.fit_refresh_every}")
+        if not 0.0 <= self.fit_ema < 1.0:
+            raise ValueError(f"intervention.fit_ema must be in [0, 1); got {self.fit_ema}")
 
     @property
     def layout(self) -> str:
@@ -189,7 +206,9 @@ class Intervention:
     The LightningModule calls, in a run:
       setup(...)           once before the first step (fitted noise fits or loads its statistics)
       initial_state(...)   each step: the state every lane of the batch starts from
-      observe(...)         each step: the batch's final states (state passing keeps them)
+      observe(...)         each step: the batch's final states (state passing keeps them; fitted noise with
+                           a refresh pools them, all ranks together at the end of a refresh window)
+      scalars()            what to log each step (e.g. the refreshed noise's scale)
       state_dict(ranks) / load_state_dict(d, ranks)   into / out of every checkpoint, all ranks together
     """
 
@@ -213,8 +232,13 @@ class Intervention:
                       rank: int) -> LayeredState:
         return zeros
 
-    def observe(self, final: LayeredState, lanes_B: torch.Tensor) -> None:
-        """The final states of the step's lanes (with their autograd graph; keep only detached copies)."""
+    def observe(self, final: LayeredState, lanes_B: torch.Tensor, *, step: int, ranks: Ranks) -> None:
+        """The final states of the step's lanes (with their autograd graph; keep only detached copies).
+        Every rank calls it at every step, so it may use the ranks' collectives."""
+
+    def scalars(self) -> dict[str, float]:
+        """Values to log under train/ after each step."""
+        return {}
 
     def state_dict(self, ranks: Ranks) -> dict:
         return {}
@@ -240,11 +264,16 @@ class RandomNoise(Intervention):
 
 class FittedNoise(RandomNoise):
     """N(mean, std^2) per (layer, group) of the state type (Mamba-2 / GLA: head, Mamba-1: layer), fitted on
-    the final states of training sequences run from zeros."""
+    the final states of training sequences run from zeros; with fit_refresh, updated from the final states
+    seen in training (recurlen.noise_refresh)."""
 
     def __init__(self, cfg: InterventionConfig, *, seed: int, zero_state: LayeredState) -> None:
         super().__init__(cfg, seed=seed, zero_state=zero_state)
         self.stats: FittedNoiseStats | None = None
+        self.refresh = None if cfg.fit_refresh == "none" else StatsRefresh(
+            cfg.fit_refresh, every=cfg.fit_refresh_every, decay=cfg.fit_ema)
+        self.device = torch.device("cpu")
+        """Where the last final states were (checkpoint gathers run there: NCCL needs CUDA tensors)."""
 
     def set_stats(self, stats: FittedNoiseStats) -> None:
         stats.check_state(self.zero_state)
@@ -262,17 +291,39 @@ class FittedNoise(RandomNoise):
                             "with `recurlen fit-noise`") from err
 
     def setup(self, model: nn.Module, batches: Callable[[int], dict], *, ranks: Ranks, seq_len: int) -> None:
-        if self.stats is not None:  # restored from a checkpoint
-            return
+        if self.stats is None:  # else restored from a checkpoint
+            self.set_stats(self._initial_stats(model, batches, ranks=ranks, seq_len=seq_len))
+        if self.refresh is not None:  # starts from these unless the checkpoint restored the refresh's moments
+            self.refresh.start(self.stats.mean_KH, self.stats.std_KH)
+
+    def _initial_stats(self, model: nn.Module, batches: Callable[[int], dict], *, ranks: Ranks,
+                       seq_len: int) -> FittedNoiseStats:
         if self.cfg.fit_stats:
-            self.load_stats_file()
-            return
+            self.load_stats_file()  # checked against this model: a user error names the file
+            return self.stats
         n = self.cfg.fit_batches
         stats = fit_noise_stats(model, (batches(step) for step in range(n)), num_batches=n, seq_len=seq_len,
                                 ranks=ranks)
-        self.set_stats(stats)
         log.info("fitted noise on the final states of %d sequences: mean |mu| %.3g, mean sigma %.3g", stats.num_states,
                  stats.mean_KH.abs().mean().item(), stats.std_KH.mean().item())
+        return stats
+
+    def observe(self, final: LayeredState, lanes_B: torch.Tensor, *, step: int, ranks: Ranks) -> None:
+        if self.refresh is None:
+            return
+        part = noise_part(final)
+        self.device = getattr(final, part).device
+        self.refresh.add(final.group_view(part), lanes=int(lanes_B.shape[0]))
+        if self.refresh.due(step):
+            mean, std = self.refresh.refresh(ranks.all_reduce_sum if ranks.world_size > 1 else None)
+            assert self.stats is not None
+            self.stats = FittedNoiseStats(mean, std, num_states=self.refresh.states_seen, seq_len=self.stats.seq_len)
+
+    def scalars(self) -> dict[str, float]:
+        if self.refresh is None or self.stats is None:
+            return {}
+        return {"fitted_noise_std": self.stats.std_KH.mean().item(),
+                "fitted_noise_abs_mean": self.stats.mean_KH.abs().mean().item()}
 
     def noise(self, eps: torch.Tensor, zeros: LayeredState, part: str) -> torch.Tensor:
         if self.stats is None:
@@ -284,11 +335,24 @@ class FittedNoise(RandomNoise):
         return self.stats.mean_KH.to(eps.device).view(view) + self.stats.std_KH.to(eps.device).view(view) * eps
 
     def state_dict(self, ranks: Ranks) -> dict:
-        return {"fitted_noise": None if self.stats is None else self.stats.state_dict()}
+        """The statistics; with a refresh also its moments and every rank's open window (all ranks call this)."""
+        state = {"fitted_noise": None if self.stats is None else self.stats.state_dict()}
+        if self.refresh is not None and self.refresh.moments is not None:
+            state["fitted_noise_refresh"] = self.refresh.state_dict(ranks.all_gather, ranks.world_size,
+                                                                    device=self.device)
+        return state
 
     def load_state_dict(self, state: dict, ranks: Ranks) -> None:
         if state.get("fitted_noise") is not None:
             self.set_stats(FittedNoiseStats.from_state_dict(state["fitted_noise"]))
+        # A checkpoint without a refresh (or a run that turned it on later) starts refreshing from the restored
+        # statistics in setup(); one with a refresh but a run without keeps the statistics as they were.
+        saved = state.get("fitted_noise_refresh")
+        if self.refresh is not None and saved is not None:
+            if saved["mode"] != self.refresh.mode:
+                rank_zero_warn(f"the checkpoint's fitted-noise refresh was {saved['mode']!r}, this run's is "
+                               f"{self.refresh.mode!r}: it continues from the saved moments with the new rule")
+            self.refresh.load_state_dict(saved, rank=ranks.rank, world_size=ranks.world_size)
 
 
 class StatePassing(Intervention):
@@ -339,7 +403,7 @@ class StatePassing(Intervention):
             reset_B = reset_B | (draw_B < self.cfg.reset_prob)
         return state.reset(reset_B)
 
-    def observe(self, final: LayeredState, lanes_B: torch.Tensor) -> None:
+    def observe(self, final: LayeredState, lanes_B: torch.Tensor, *, step: int, ranks: Ranks) -> None:
         self.carried = final.detach()
         self.carried_lanes = lanes_B.detach().cpu()
 

@@ -78,10 +78,12 @@ class RecurlenModule(L.LightningModule):
         if faults.nan_at(self.global_step, "loss"):
             loss = loss * float("nan")
         self._check_finite(loss, final)
-        self.intervention.observe(final, lanes_B)
+        self.intervention.observe(final, lanes_B, step=int(batch["step"]), ranks=self.ranks())
         batch_size = input_ids.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
         self.log("train/final_state_rms", final.norms()[f"{final.RECURRENT[0]}_rms_K"].mean(), batch_size=batch_size)
+        for name, value in self.intervention.scalars().items():
+            self.log(f"train/{name}", value, batch_size=batch_size)
         return loss
 
     def on_train_batch_start(self, batch, batch_idx) -> None:

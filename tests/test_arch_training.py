@@ -6,7 +6,7 @@ import torch
 
 from recurlen import arch
 from recurlen.experiment.compose import load_experiment
-from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, InterventionConfig, build_intervention
+from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, InterventionConfig, Ranks, build_intervention
 from recurlen.runs import RUN_META_KEY, load_model
 from recurlen.train import run_finetune
 
@@ -102,3 +102,25 @@ def test_resume_is_exact_with_carried_states(tmp_path, cache_dir, name):
     assert torch.equal(ca["lanes"], cb["lanes"])
     for part, value in ca["state"].items():
         assert torch.equal(value, cb["state"][part]), part
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_refresh_pools_the_final_states_per_fitted_group(name):
+    """fit_refresh=every with a window of one step: the statistics become that step's, per the state's groups."""
+    a = arch.get(name)
+    model = a.build(a.preset("nano"))
+    zeros = model.zero_state(3)
+    part = a.state_cls.RECURRENT[0]
+    k, groups, _ = zeros.group_view(part).shape
+    iv = build_intervention(InterventionConfig(name="fitted_noise", fit_refresh="every", fit_refresh_every=1),
+                            seed=0, zero_state=zeros[0:1])
+    iv.set_stats(FittedNoiseStats(mean_KH=torch.zeros(k, groups), std_KH=torch.ones(k, groups)))
+    iv.setup(model, lambda step: {}, ranks=Ranks(), seq_len=16)
+    final = zeros.clone()
+    getattr(final, part).copy_(torch.randn(getattr(final, part).shape, generator=torch.Generator().manual_seed(0))
+                               * 3.0 + 2.0)
+    iv.observe(final, torch.arange(3), step=0, ranks=Ranks())
+    x = final.group_view(part).double()
+    torch.testing.assert_close(iv.stats.mean_KH, x.mean(-1).float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(iv.stats.std_KH, x.std(-1, correction=0).float(), rtol=1e-5, atol=1e-6)
+    assert iv.stats.mean_KH.shape == (k, groups)

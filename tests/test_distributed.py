@@ -87,3 +87,24 @@ def test_two_nodes_on_loopback(tmp_path, cache_dir):
     _check_disjoint_lanes(run, world=2, per_rank=3)
     nodes = sorted(json.loads((run / "ranks" / f"rank{r}.json").read_text())["node_rank"] for r in range(2))
     assert nodes == [0, 1]
+
+
+def test_ddp_fitted_noise_refresh_pools_ranks(tmp_path, cache_dir):
+    """The refresh's collectives on a real process group: both ranks fold the same window (one refresh at
+    step 2), and the checkpoint after step 4 holds each rank's part of the open window."""
+    run = tmp_path / "refresh"
+    proc = subprocess.run(_args(run, cache_dir, "trainer.devices=2", "trainer.strategy=ddp",
+                                "intervention=fitted_noise", "intervention.fit_batches=1",
+                                "intervention.fit_refresh=ema", "intervention.fit_refresh_every=3",
+                                "intervention.fit_ema=0.5"),
+                          cwd=REPO, env=_env(MASTER_PORT=str(_free_port())), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)[RUN_META_KEY]["intervention_state"]
+    refresh = state["fitted_noise_refresh"]
+    assert refresh["world_size"] == 2 and refresh["refreshes"] == 1 and refresh["mode"] == "ema"
+    assert refresh["states_seen"] == 3 * 2 * 3  # 3 steps x 2 ranks x 3 lanes
+    windows = refresh["windows"]
+    assert windows.shape[0] == 2 and windows[:, -1].tolist() == [3.0, 3.0]  # step 3: 3 lanes on each rank
+    assert not torch.equal(windows[0, :-2], windows[1, :-2])  # the ranks saw other lanes
+    assert torch.equal(state["fitted_noise"]["mean_KH"], refresh["mean_KG"].float())

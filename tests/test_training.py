@@ -188,10 +188,16 @@ class CrashAfter(L.Callback):
             raise KeyboardInterrupt("simulated kill")
 
 
-@pytest.mark.parametrize("name", ["tbptt", "state_passing", "fitted_noise"])
-def test_resume_after_kill_is_exact(tmp_path, cache_dir, name):
+REFRESH = {"every": ["intervention.fit_refresh=every", "intervention.fit_refresh_every=2"],
+           "ema": ["intervention.fit_refresh=ema", "intervention.fit_refresh_every=2", "intervention.fit_ema=0.5"]}
+
+
+@pytest.mark.parametrize("name, refresh", [("tbptt", None), ("state_passing", None), ("fitted_noise", None),
+                                           ("fitted_noise", "every"), ("fitted_noise", "ema")])
+def test_resume_after_kill_is_exact(tmp_path, cache_dir, name, refresh):
+    # With a refresh every 2 steps, the kill after 3 steps leaves a window open (step 2 seen, step 3 not yet).
     common = [f"intervention={name}", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=3",
-              "trainer.val_every_n_steps=3", "intervention.reset_prob=0.3"]
+              "trainer.val_every_n_steps=3", "intervention.reset_prob=0.3", *REFRESH.get(refresh, [])]
     cfg, _ = experiment(tmp_path / "full", cache_dir, *common)
     full = Recorder()
     run_finetune(cfg, callbacks=[full])
@@ -220,8 +226,23 @@ def test_resume_after_kill_is_exact(tmp_path, cache_dir, name):
     if sa.get("carried") is not None:
         for key in ("ssm", "conv"):
             assert torch.equal(sa["carried"]["state"][key], sb["carried"]["state"][key])
-    if name == "fitted_noise":  # the resumed run kept the statistics it fitted before the kill
-        assert torch.equal(sa["fitted_noise"]["std_KH"], sb["fitted_noise"]["std_KH"])
+    if name == "fitted_noise":  # the resumed run kept the statistics it fitted (and refreshed) before the kill
+        for key in ("mean_KH", "std_KH"):
+            assert torch.equal(sa["fitted_noise"][key], sb["fitted_noise"][key])
+        for got, want in zip(first.inits + second.inits, full.inits):  # the same noise at every step
+            assert torch.equal(got.ssm, want.ssm)
+    if refresh is not None:
+        ra, rb = sa["fitted_noise_refresh"], sb["fitted_noise_refresh"]
+        assert ra["refreshes"] == rb["refreshes"] == 3 and ra["mode"] == refresh
+        for key in ("mean_KG", "m2_KG", "windows"):
+            assert torch.equal(ra[key], rb[key]), key
+        mid = torch.load(tmp_path / "full" / "checkpoints" / "step=000003.ckpt", weights_only=True)
+        mid = mid[RUN_META_KEY]["intervention_state"]
+        assert mid["fitted_noise_refresh"]["windows"][0, -2] > 0  # saved with a window open
+        assert not torch.equal(mid["fitted_noise"]["std_KH"], sa["fitted_noise"]["std_KH"])  # refreshed since
+        assert torch.equal(sa["fitted_noise"]["mean_KH"], ra["mean_KG"].float())
+        saved = torch.load(tmp_path / "full" / "fitted_noise.pt", weights_only=True)  # the run's final statistics
+        assert torch.equal(saved["std_KH"], sa["fitted_noise"]["std_KH"])
 
 
 def _tbptt_module():
