@@ -304,14 +304,21 @@ def test_sigterm_to_a_demo_stage_is_not_marked_done_and_the_rerun_continues(tmp_
            "trainer.val_every_n_steps=1000,trainer.checkpoint_every_n_steps=1000,trainer.limit_val_batches=1]"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env(RECURLEN_CACHE=str(cache)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    log, deadline = root / "pretrain" / "train.log", time.time() + 300
-    while not (log.is_file() and "writes a checkpoint after the current step" in log.read_text()):
-        assert proc.poll() is None and time.time() < deadline, "the pre-training stage never started training"
-        time.sleep(0.1)
-    stage = _children(proc.pid)
-    assert stage, "no stage process"
-    os.kill(stage[0] if to == "stage" else proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
+    try:  # a failed assertion must not leave the demo running with nobody reading its pipes
+        log, deadline = root / "pretrain" / "train.log", time.time() + 300
+        while not (log.is_file() and "writes a checkpoint after the current step" in log.read_text()):
+            assert proc.poll() is None and time.time() < deadline, "the pre-training stage never started training"
+            time.sleep(0.1)
+        stage = _children(proc.pid)
+        assert stage, "no stage process"
+        os.kill(stage[0] if to == "stage" else proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            for pid in [*_children(proc.pid), proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()
     assert proc.returncode == 143, err[-3000:]
     assert "recurlen demo: interrupted by SIGTERM after step" in err and "Traceback" not in err, err[-3000:]
     step = weights(root / "pretrain")[0]
