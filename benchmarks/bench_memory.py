@@ -43,6 +43,8 @@ import _common
 import torch
 import torch.nn.functional as F
 
+from recurlen.arch import architectures
+
 TARGET_RATIO = 1.25
 METHODS = ("rss", "rss-mmap", "tensors")
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # setting it also turns off glibc's dynamic threshold
@@ -117,30 +119,14 @@ class TensorPeak:
         self.mode.__exit__(*exc)
 
 
-ARCHS = ("mamba2", "mamba1", "gla")
-
-
 def arch_presets(arch: str) -> dict:
-    if arch == "mamba1":
-        from recurlen.mamba1.config import PRESETS
-    elif arch == "gla":
-        from recurlen.gla.config import PRESETS
-    else:
-        from recurlen.config import PRESETS
-    return PRESETS
+    return architectures()[arch].presets
 
 
 def build_model(arch: str, shape: str) -> torch.nn.Module:
-    if arch == "mamba1":
-        from recurlen.mamba1 import Mamba1LM as LM
-        from recurlen.mamba1 import preset
-    elif arch == "gla":
-        from recurlen.gla import GLALM as LM
-        from recurlen.gla import preset
-    else:
-        from recurlen import Mamba2LM as LM
-        from recurlen import preset
-    return LM(preset(shape), backend="torch")
+    """A model of any registered architecture, by its preset name (tiny, 130m, 340m, ...), torch path."""
+    entry = architectures()[arch]
+    return entry.build(entry.preset(shape), backend="torch")
 
 
 def run_worker(args: argparse.Namespace) -> dict:
@@ -232,7 +218,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one process per measurement (default 3 for rss)")
-    parser.add_argument("--arch", choices=ARCHS, default="mamba2", help="architecture (default: mamba2)")
+    parser.add_argument("--arch", choices=sorted(architectures()), default="mamba2",
+                        help="a registered architecture (default: mamba2)")
     parser.add_argument("--shapes", nargs="+", default=["tiny"], help="model presets (default: tiny; add 130m)")
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 65536],
                         help="total tokens per run; ratios are against the first (default: 4096 65536)")
