@@ -12,6 +12,8 @@ import errno
 import json
 import math
 import os
+import socket
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -56,11 +58,58 @@ def _user_error(err: OSError, path: Path) -> UserError | None:
     return None
 
 
+TEMPORARY_GLOB = ".*.tmp"
+FOREIGN_STALE_AFTER_S = 6 * 3600.0
+"""A temporary written from another machine (shared file system) counts as a leftover only after this long:
+its writer's process cannot be looked up from here."""
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "-") or "host"
+
+
+def _temporary(path: Path) -> Path:
+    # A name no other writer uses (machine + process id + random), hidden, in the same directory so the rename
+    # is atomic; the machine and process let a later run tell a leftover from a write in progress.
+    return path.with_name(f".{path.name}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: str | os.PathLike, *, now: float | None = None) -> list[Path]:
+    """Delete the temporaries that interrupted writes left in `directory` (a checkpoint's can be gigabytes).
+
+    Only atomic_write's own names whose writer is gone: written on this machine by a process that is no
+    longer running, or on another machine and untouched for FOREIGN_STALE_AFTER_S. Returns what was deleted."""
+    now = time.time() if now is None else now
+    removed = []
+    for tmp in sorted(Path(directory).glob(TEMPORARY_GLOB)):
+        parts = tmp.name[1:-len(".tmp")].rsplit(".", 3)
+        if len(parts) != 4 or not parts[2].isdigit() or len(parts[3]) != 8:
+            continue  # not one of ours
+        _, host, pid, _ = parts
+        try:
+            age = now - tmp.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if (not _alive(int(pid))) if host == _host() else age > FOREIGN_STALE_AFTER_S:
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """Call write(tmp) on a unique temporary sibling of path, fsync it and rename it onto path."""
     path = Path(path)
-    # A name no other writer uses (process id + random), hidden, in the same directory so the rename is atomic.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = _temporary(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         faults.at("start", path)

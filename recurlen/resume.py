@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from recurlen import arch
 from recurlen.checkpoint import load_error
 from recurlen.errors import UserError
-from recurlen.files import write_text
+from recurlen.files import remove_stale_temporaries, write_text
 from recurlen.runs import DAMAGED_SUFFIX, RUN_META_KEY, RunDir
 
 log = logging.getLogger(__name__)
@@ -246,6 +246,11 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
     if resume in ("never", "archive"):
         return _fresh(run, resume, rank)
     explicit = resume != "auto"
+    if rank == 0:
+        for directory in (run.checkpoints, run.path):
+            for tmp in remove_stale_temporaries(directory):
+                log.info("removed %s, the temporary of a write that was interrupted (the file it was replacing "
+                         "is intact)", tmp)
     candidates = [Path(resume)] if explicit else run.checkpoint_candidates()
     if explicit and not candidates[0].is_file():
         raise UserError(f"resume={resume}: no such checkpoint file (use 'auto', 'never', 'archive' or a .ckpt path)")

@@ -158,6 +158,9 @@ def test_kill_9_during_a_checkpoint_write_loses_nothing(tmp_path, cache_dir, ref
     assert "resuming from" in again.stderr
     assert_same_run(out, reference)
     assert torch.load(out / "checkpoints" / "step=000010.ckpt", weights_only=True)["global_step"] == 10
+    # The killed write's temporary (a whole checkpoint when cut at the rename) was removed by the resumed run.
+    assert not list((out / "checkpoints").glob(".*.tmp"))
+    assert "the temporary of a write that was interrupted" in again.stderr or point == "start"
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

@@ -106,3 +106,30 @@ def test_json_with_non_finite_numbers_is_strict_json(tmp_path):
     path = write_json(tmp_path / "x.json", obj)
     assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
     assert json.loads(path.read_text())["inf"] == [None, None, 1.5]
+
+
+def test_stale_temporaries_of_interrupted_writes_are_removed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from recurlen import files
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)  # a process id that no longer runs
+    host = files._host()
+    leftover = tmp_path / f".last.ckpt.{host}.{dead}.0123abcd.tmp"
+    running = tmp_path / f".last.ckpt.{host}.{os.getpid()}.0123abcd.tmp"  # a write in progress (this process)
+    foreign_young = tmp_path / f".last.ckpt.other-node.{dead}.0123abcd.tmp"
+    foreign_old = tmp_path / f".step=10.ckpt.other-node.{dead}.89abcdef.tmp"
+    not_ours = tmp_path / ".notes.tmp"
+    for f in (leftover, running, foreign_young, foreign_old, not_ours):
+        f.write_bytes(b"x")
+    old = foreign_old.stat().st_mtime - files.FOREIGN_STALE_AFTER_S - 1
+    os.utime(foreign_old, (old, old))
+    assert files.remove_stale_temporaries(tmp_path) == sorted([leftover, foreign_old])
+    assert running.exists() and foreign_young.exists() and not_ours.exists()
+    # atomic_write's own temporaries have the form it recognises
+    seen = []
+    files.atomic_write(tmp_path / "a.txt", lambda tmp: (seen.append(tmp.name), tmp.write_text("a")))
+    assert seen[0].startswith(f".a.txt.{host}.{os.getpid()}.") and seen[0].endswith(".tmp")
