@@ -1,16 +1,24 @@
 """Every command line of the README and every target of `make help` runs as written.
 
 Lines are read from the README's ```bash blocks (continuations joined, comments dropped, `for` loops
-expanded); `make` lines go through `make -n` so the Makefile's own composition of the command is tested.
-CPU-sized commands (the demo, fine-tuning, fit-noise, eval, report, generate, lint, TensorBoard) run for
-real in a scratch directory with tiny overrides appended (later key=value settings win); GPU and hub
-commands run with `--dry-run`, which composes and validates everything and resolves every path without
-loading or downloading. The test fails when a documented line stops parsing, names an unknown key or a
-missing file, or when a command listed below as run for real disappears from the README.
+expanded); `make` lines go through `make -n`, so the Makefile's own composition of the command is what runs.
+One tiny demo (the README's `make demo` with tiny overrides, a module fixture) leaves the runs the other
+lines read. Then each line is one test:
+  - CPU-sized commands (fine-tuning, fit-noise, eval, report, config, generate, lint, help, TensorBoard) run
+    for real in-process, tiny overrides appended (later key=value settings win);
+  - GPU and hub commands (and the long-context tasks, whose real runs take minutes) run with `--dry-run`,
+    which composes and validates everything and resolves every path without loading or downloading;
+  - the SLURM script runs with `srun` standing in to hand its command line to the same dry run; torchrun's
+    options go through torchrun's own parser; the `make test*` targets are collected (`--collect-only`) and
+    the benchmark scripts' command lines parsed by their own argparse (one process each for all of them).
+A line fails when it stops parsing, names an unknown key, value or missing file, when a make target is gone,
+or when a command listed below as run for real disappears from the README; test_a_broken_line_fails checks
+that such breaks are caught. The long-context tasks run for real (tiny) in the slow tier.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -28,31 +36,45 @@ from recurlen import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_TINY = ["trainer.max_steps=2", "data.max_documents=60", "data.val_fraction=0.2", "data.val_length=128",
-              "data.val_sequences=2",
-              "trainer.val_every_n_steps=0", "trainer.checkpoint_every_n_steps=0", "trainer.progress_bar=false",
-              "trainer.limit_val_batches=1", "diagnostics.effrem=false", "intervention.fit_batches=2"]
+              "data.val_sequences=2", "trainer.val_every_n_steps=0", "trainer.checkpoint_every_n_steps=0",
+              "trainer.progress_bar=false", "trainer.limit_val_batches=1", "diagnostics.effrem=false",
+              "intervention.fit_batches=2"]
 EVAL_TINY = ["seq_len=128", "num_sequences=2", "tasks=[positionwise,reset,state]", "log_bins=4", "batch_size=2",
              "chunk_len=64", "progress=false"]
-DEMO_TINY = ["pretrain_steps=3", "posttrain_steps=2", "interventions=[tbptt]",
-             "overrides=[data.max_documents=60,data.val_fraction=0.2,data.val_length=128,data.val_sequences=2,trainer.val_every_n_steps=0,"
-             "trainer.checkpoint_every_n_steps=0,trainer.limit_val_batches=1,diagnostics.effrem=false]",
+DEMO_TINY = ["pretrain_steps=3", "posttrain_steps=2", "interventions=[tbptt]", "parallel=1",
+             "overrides=[data.max_documents=60,data.val_fraction=0.2,data.val_length=128,data.val_sequences=2,"
+             "trainer.val_every_n_steps=0,trainer.checkpoint_every_n_steps=0,trainer.limit_val_batches=1,"
+             "diagnostics.effrem=false,diagnostics.positionwise=false,diagnostics.state_norm=false]",
              "eval.length=128", "eval.num_sequences=2", "eval.effrem=false", "eval.chunk_len=64", "eval.batch_size=2"]
 # README lines (as written, comments dropped) that run for real, with what makes them tiny.
 REAL = {
     "make demo": DEMO_TINY,
     "make finetune": TRAIN_TINY,
+    "make finetune MODEL=mamba1-tiny STEPS=20": TRAIN_TINY,
     "recurlen config model=780m intervention=tbptt": [],
     "recurlen eval base=runs/demo/pretrain tbptt=runs/demo/post/tbptt --out runs/eval seq_len=1024 "
     "num_sequences=64": EVAL_TINY,
     "recurlen report runs/eval/results.json --out runs/eval": [],
+    "recurlen report runs/eval780m/results.json --out runs/eval780m": [],
     "make eval ARGS='seq_len=512 num_sequences=16'": EVAL_TINY,
     "make tensorboard": [],
+    "make lint": [],
 }
 # Targets of `make help` that run for real when no README line runs them (default variables).
-REAL_TARGETS = {"fit-noise": TRAIN_TINY, "generate": ["max_new_tokens=4"], "help": [], "lint": []}
+REAL_TARGETS = {"fit-noise": TRAIN_TINY, "generate": ["max_new_tokens=4"], "help": []}
+# The long-context tasks for real, tiny (slow tier): their README lines, and what makes them tiny.
+_TASK_RUN = ["trainer.max_steps=2", "trainer.val_every_n_steps=0", "trainer.checkpoint_every_n_steps=0",
+             "trainer.limit_val_batches=1", "trainer.progress_bar=false", "data.max_documents=60",
+             "data.val_fraction=0.2", "data.batch_size=4", "task.trials=1", "task.eval_batch_size=2"]
+TASK_TINY = {
+    "make passkey": [*_TASK_RUN, "intervention.fit_batches=2", "task.lengths=[256,512]"],
+    "make babilong": [*_TASK_RUN, "intervention.fit_batches=2", "task.lengths=[256,512]", "task.babilong.tasks=[qa1]"],
+    "make copying": [*_TASK_RUN, "task.copying.seeds=[0]", "task.copying.parallel=1"],
+}
 
 
 def readme_lines() -> list[str]:
+    """The README's command lines in order, each once."""
     text = (ROOT / "README.md").read_text()
     lines: list[str] = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
@@ -72,7 +94,7 @@ def readme_lines() -> list[str]:
                 body.append(line)
             elif line:
                 lines.append(line)
-    return lines
+    return list(dict.fromkeys(lines))
 
 
 def strip_comment(raw: str) -> str:
@@ -99,6 +121,18 @@ def make_targets() -> list[str]:
     return [m.group(1) for m in re.finditer(r"^  ([a-z][a-z-]*)\s", plain, flags=re.M)]
 
 
+TARGETS = make_targets()
+
+
+def target_of(words: list[str]) -> str:
+    return next((w for w in words if "=" not in w), "help")
+
+
+def uncovered_targets() -> list[str]:
+    covered = {target_of(shlex.split(line)[1:]) for line in LINES if line.startswith("make")}
+    return [t for t in TARGETS if t not in covered]
+
+
 def make_commands(words: list[str]) -> list[list[str]]:
     """The shell commands `make -n` would run for a make line, each split into words."""
     proc = subprocess.run(["make", "-n", *words], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -107,9 +141,137 @@ def make_commands(words: list[str]) -> list[list[str]]:
             if line.strip() and not line.startswith(("make:", "make["))]  # make's own notes
 
 
+def split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Leading VAR=value words (a shell's per-command environment) and the command after them."""
+    env, i = {}, 0
+    while i < len(words) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[i]):
+        key, value = words[i].split("=", 1)
+        env[key] = value
+        i += 1
+    return env, words[i:]
+
+
+class Checks:
+    """Checks that need a Python process of their own, batched into one process (torch and the test suite are
+    imported once, not once per line): `pytest ... --collect-only` for the make targets that run pytest, and
+    the benchmark scripts' command lines through their own argparse. `start` runs the checks every documented
+    line needs in the background (while the tiny demo trains); a command not started there runs on demand."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, dict] = {}
+        self.pending: subprocess.Popen | None = None
+        self.pending_jobs: list[list] = []
+
+    def start(self, jobs: list[list]) -> None:
+        """jobs: [kind, command] with kind "collect" or "parse"."""
+        self.pending_jobs = [j for j in dict((json.dumps(j), j) for j in jobs).values()]
+        self.pending = self._spawn(self.pending_jobs)
+
+    def result(self, kind: str, cmd: list[str]) -> dict:
+        key = json.dumps([kind, cmd])
+        if key not in self.results and self.pending is not None and [kind, cmd] in self.pending_jobs:
+            self._finish(self.pending, self.pending_jobs)
+            self.pending = None
+        if key not in self.results:
+            self._finish(self._spawn([[kind, cmd]]), [[kind, cmd]])
+        return self.results[key]
+
+    @staticmethod
+    def _spawn(jobs: list[list]) -> subprocess.Popen:
+        # Collections first: the parse checks patch argparse, which pytest's own command line uses too.
+        jobs = sorted(jobs, key=lambda j: j[0] != "collect")
+        path = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])
+        return subprocess.Popen([sys.executable, "-c", HELPER, json.dumps(jobs)], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path})
+
+    def _finish(self, proc: subprocess.Popen, jobs: list[list]) -> None:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        jobs = sorted(jobs, key=lambda j: j[0] != "collect")
+        for job, result in zip(jobs, json.loads(out.splitlines()[-1])):
+            self.results[json.dumps(job)] = result
+
+
+# The batched checks' process. collect: `pytest ... --collect-only -q` in-process, one call per command line.
+# parse: a benchmark script's command line through its own argparse, stopped right after parsing.
+HELPER = r"""
+import argparse, contextlib, io, json, os, runpy, sys
+jobs = json.loads(sys.argv[1])
+original = argparse.ArgumentParser.parse_args
+class Parsed(Exception):
+    pass
+def parse_only(self, args=None, namespace=None):
+    original(self, args, namespace)  # exits 2 with argparse's message on a bad command line
+    raise Parsed
+out = []
+for kind, cmd in jobs:
+    env = {}
+    while cmd and "=" in cmd[0] and not cmd[0].startswith("-"):
+        key, value = cmd.pop(0).split("=", 1)
+        env[key] = value
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            if kind == "collect":
+                import pytest
+                args = cmd[cmd.index("pytest") + 1:]
+                code = int(pytest.main([*args, "--collect-only", "-q", "-p", "no:cacheprovider"]))
+            else:
+                argparse.ArgumentParser.parse_args = parse_only
+                script = next(w for w in cmd if w.endswith(".py"))
+                sys.argv = cmd[cmd.index(script):]
+                try:
+                    runpy.run_path(script, run_name="__main__")
+                    code = "ran without parsing arguments"
+                except Parsed:
+                    code = 0
+                except SystemExit as err:
+                    code = err.code
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    out.append({"code": code, "output": buf.getvalue()[-3000:]})
+sys.stdout.write("\n" + json.dumps(out) + "\n")
+"""
+
+
+def planned_checks() -> list[list]:
+    """The batched checks that the README's make lines and the other make targets will ask for."""
+    jobs = []
+    for words in [shlex.split(line)[1:] for line in LINES if line.startswith("make ")] + [[t] for t in TARGETS]:
+        for cmd in make_commands(words):
+            env, bare = split_env(cmd)
+            if "pytest" in bare:
+                jobs.append(["collect", cmd])
+            elif bare[:1] == ["for"]:
+                jobs += [["parse", c] for c in bench_loop(bare)]
+            elif any(re.search(r"benchmarks/\w+\.py$", w) for w in bare):
+                jobs.append(["parse", cmd])
+            elif bare[:1] == ["bash"] and bare[1].endswith(".sh"):
+                jobs.append(["parse", gpu_check_command(bare, env)])
+    return jobs
+
+
+def bench_loop(cmd: list[str]) -> list[list[str]]:
+    """`make bench`'s shell loop as one command line per script."""
+    loop = " ".join(cmd)
+    scripts = re.search(r"for b in (.*?); do", loop).group(1).split()
+    options = shlex.split(re.search(r"\$\$?b (.*?) \|\|", loop).group(1))
+    return [[sys.executable, script, *options] for script in scripts]
+
+
+def gpu_check_command(cmd: list[str], env: dict[str, str]) -> list[str]:
+    """The Python command line the GPU check script ends with."""
+    final = re.search(r'^exec "\$PY" (\S+\.py) \$\{ARGS:-\}$', (ROOT / cmd[1]).read_text(), flags=re.M)
+    assert final, f"{cmd[1]} no longer ends by running its Python check"
+    return [sys.executable, final.group(1), *shlex.split(env.get("ARGS", ""))]
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A scratch working directory in which the README's runs land (runs/...), built by the tiny demo."""
+def scratch(tmp_path_factory):
+    """A scratch working directory in which the README's runs land (runs/...), offline, with its own cache."""
     root = tmp_path_factory.mktemp("readme")
     env = {"RECURLEN_EXPERIMENTS": str(ROOT / "experiments"), "RECURLEN_CACHE": str(root / "cache"),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -128,6 +290,41 @@ def world(tmp_path_factory):
                 os.environ[k] = v
 
 
+@pytest.fixture(scope="module")
+def world(scratch):
+    """The scratch directory with the tiny demo's runs (the README's `make demo`) and copies of them where
+    other lines expect runs that take GPUs to make."""
+    world = World(scratch)
+    world.checks.start(planned_checks())  # in the background, while the demo trains
+    world.demo_how = run_line("make demo", scratch, world.checks)
+    stand_ins(scratch)
+    return world
+
+
+class World:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.checks = Checks()
+        self.demo_how = ""
+
+
+def stand_ins(world: Path) -> None:
+    """Copies of the tiny demo's tbptt run where lines read runs made on GPUs or by other demo settings:
+    `make eval`'s default RUNS (none, state_passing), the README's 780m fine-tunings, and results to report."""
+    post = world / "runs" / "demo" / "post"
+    targets = [post / "none", post / "state_passing"]
+    targets += [world / "runs" / "finetune" / f"780m-{name}" for name in ("none", "fitted_noise", "state_passing",
+                                                                          "tbptt")]
+    for target in targets:
+        if not target.exists():
+            shutil.copytree(post / "tbptt", target)
+    for out in ("eval", "eval780m"):  # so that a report line runs on its own too (-k report)
+        results = world / "runs" / out / "results.json"
+        if not results.exists():
+            results.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(world / "runs" / "demo" / "eval" / "results.json", results)
+
+
 def recurlen(argv: list[str], *, real: list[str] | None) -> None:
     """Run `recurlen argv` in-process: for real with `real` appended, else with --dry-run."""
     full = [*argv, *real] if real is not None else [*argv, "--dry-run"]
@@ -135,61 +332,53 @@ def recurlen(argv: list[str], *, real: list[str] | None) -> None:
     assert rc == 0, f"recurlen {' '.join(full)} exited {rc}"
 
 
-def more_demo_runs(world: Path) -> None:
-    """The tiny demo post-trains tbptt only (time); `make eval`'s default RUNS also name none and
-    state_passing, which get copies of it."""
-    for name in ("none", "state_passing"):
-        target = world / "runs" / "demo" / "post" / name
-        if not target.exists():
-            shutil.copytree(world / "runs" / "demo" / "post" / "tbptt", target)
-
-
-def fake_gpu_runs(world: Path) -> None:
-    """What the README's GPU fine-tunings would leave (copies of the tiny demo's runs), so that the commands
-    that read them resolve real run directories."""
-    for name in ("none", "fitted_noise", "state_passing", "tbptt"):
-        target = world / "runs" / "finetune" / f"780m-{name}"
-        if not target.exists():
-            shutil.copytree(world / "runs" / "demo" / "post" / "tbptt", target)
-    results = world / "runs" / "eval780m" / "results.json"
-    if not results.exists():
-        results.parent.mkdir(parents=True)
-        shutil.copy(world / "runs" / "demo" / "eval" / "results.json", results)
-
-
-def run_line(line: str, world: Path) -> str:
+def run_line(line: str, world: Path, checks: Checks, real: list[str] | None = None) -> str:
     """Run one README line; returns how ('real', 'dry-run', 'make -n', ...)."""
-    real = REAL.get(line)
-    words = shlex.split(line)
-    env_prefix = {}
-    while words and re.match(r"^[A-Z_]+=", words[0]):
-        key, value = words.pop(0).split("=", 1)
-        env_prefix[key] = value
+    real = REAL.get(line) if real is None else real
+    env_prefix, words = split_env(shlex.split(line))
     head = words[0]
     if head == "recurlen":
         recurlen(words[1:], real=real)
         return "real" if real is not None else "dry-run"
     if head == "torchrun":
-        recurlen(words[words.index("recurlen.cli") + 1:], real=None)
-        return "dry-run"
+        from torch.distributed.run import get_args_parser
+
+        at = words.index("-m")
+        values = {"$NODE_RANK": "0", "$MASTER": "127.0.0.1"}
+        options = [re.sub(r"\$[A-Z_]+", lambda m: values[m.group(0)], w) for w in words[1:at]]
+        parsed = get_args_parser().parse_args([*options, "-m", words[at + 1]])  # exits 2 on a bad option
+        assert parsed.module and words[at + 1] == "recurlen.cli", words
+        recurlen(words[at + 2:], real=None)
+        return "torchrun parse + dry-run"
     if head == "sbatch":
-        script = next(w for w in words if w.endswith(".sbatch"))
-        args = words[words.index(script) + 1:]
-        env = {**os.environ, **env_prefix, "SLURM_JOB_NUM_NODES": "2"}
-        proc = subprocess.run(["bash", "-c", f'srun() {{ "$@" --dry-run; }}; cd {shlex.quote(str(ROOT))}; '
-                               f'source {script} "$@"', "_", *args], env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0 and "dry run: everything resolved" in proc.stdout, proc.stderr[-2000:]
-        return "dry-run (script)"
+        return run_sbatch(words, env_prefix)
     if head == "make":
-        return run_make(words[1:], world, real)
+        return run_make(words[1:], world, checks, real)
     raise AssertionError(f"README command line not understood by this test: {line}")
 
 
-def run_make(words: list[str], world: Path, real: list[str] | None) -> str:
-    target = next((w for w in words if "=" not in w), "help")
+def run_sbatch(words: list[str], env_prefix: dict[str, str]) -> str:
+    """The script as sbatch would run it, with `srun` handing its command line back instead of launching."""
+    script = next(w for w in words if w.endswith(".sbatch"))
+    options, args = words[1:words.index(script)], words[words.index(script) + 1:]
+    text = (ROOT / script).read_text()
+    nodes = next((o.split("=", 1)[1] for o in options if o.startswith("--nodes=")),
+                 re.search(r"^#SBATCH --nodes=(\d+)", text, flags=re.M).group(1))
+    env = {**os.environ, **env_prefix, "SLURM_JOB_NUM_NODES": nodes}
+    proc = subprocess.run(["bash", "-c", f'srun() {{ printf "%s\\0" "$@"; }}; cd {shlex.quote(str(ROOT))}; '
+                           f'source {script} "$@"', "_", *args], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    argv = proc.stdout.split("\0")[:-1]
+    assert argv[1:3] == ["-m", "recurlen.cli"], argv
+    recurlen(argv[3:], real=None)
+    return "dry-run (script)"
+
+
+def run_make(words: list[str], world: Path, checks: Checks, real: list[str] | None) -> str:
+    target = target_of(words)
     how = set()
-    for cmd in make_commands(words):
+    for raw in make_commands(words):
+        env, cmd = split_env(raw)
         if "recurlen.cli" in cmd:
             argv = cmd[cmd.index("recurlen.cli") + 1:]
             if argv[0] == "report" or real is not None:
@@ -199,9 +388,8 @@ def run_make(words: list[str], world: Path, real: list[str] | None) -> str:
                 recurlen(argv, real=None)
                 how.add("dry-run")
         elif "pytest" in cmd:
-            out = subprocess.run([*cmd, "--collect-only", "-q"], cwd=ROOT, capture_output=True, text=True,
-                                 timeout=300)
-            assert out.returncode == 0, out.stdout[-2000:]
+            result = checks.result("collect", raw)
+            assert result["code"] == 0, f"{' '.join(cmd)} --collect-only exited {result['code']}:\n{result['output']}"
             how.add("collect-only")
         elif "ruff" in cmd:
             out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -210,16 +398,17 @@ def run_make(words: list[str], world: Path, real: list[str] | None) -> str:
         elif cmd[0].endswith("tensorboard"):
             serve_tensorboard(cmd, world)
             how.add("served")
-        elif any(w.startswith("benchmarks/") or "benchmarks/" in w for w in cmd):
-            scripts = sorted(set(re.findall(r"benchmarks/bench_\w+\.py", " ".join(cmd))))
-            if "$b" in " ".join(cmd) or "for" in cmd:
-                scripts = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "benchmarks").glob("bench_*.py"))
-                           if p.name != "bench_gpu.py"]
-            for script in scripts:
-                out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True,
-                                     timeout=300)
-                assert out.returncode == 0, f"{script} --help: {out.stderr[-1000:]}"
-            how.add("--help")
+        elif cmd[:1] == ["for"]:  # make bench: every script with its options
+            for c in bench_loop(cmd):
+                assert checks.result("parse", c)["code"] == 0, f"{' '.join(c)}: {checks.result('parse', c)['output']}"
+            how.add("parsed")
+        elif any(re.search(r"benchmarks/\w+\.py$", w) for w in cmd):
+            result = checks.result("parse", raw)
+            assert result["code"] == 0, f"{' '.join(cmd)}: {result['code']}\n{result['output']}"
+            how.add("parsed")
+        elif cmd[:1] == ["bash"] and cmd[1].endswith(".sh"):  # make gpu-check
+            run_gpu_check(cmd, env, checks)
+            how.add("script")
         elif cmd[0] in ("test", "touch") or "pip" in cmd or "venv" in cmd or cmd[0] == "awk" or cmd[0] == "echo":
             if target == "help":
                 out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -230,6 +419,17 @@ def run_make(words: list[str], world: Path, real: list[str] | None) -> str:
         else:
             raise AssertionError(f"`make {' '.join(words)}` runs {cmd!r}, which this test does not know")
     return "+".join(sorted(how)) or "make -n"
+
+
+def run_gpu_check(cmd: list[str], env: dict[str, str], checks: Checks) -> None:
+    """The GPU check script: it must parse, and the command line it ends with must parse; without a GPU it
+    runs for real and must stop at once, before installing anything, with exit 2 and a line saying why."""
+    assert subprocess.run(["bash", "-n", str(ROOT / cmd[1])], capture_output=True).returncode == 0
+    python = gpu_check_command(cmd, env)
+    assert checks.result("parse", python)["code"] == 0, checks.result("parse", python)["output"]
+    if shutil.which("nvidia-smi") is None:
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert out.returncode == 2 and "no NVIDIA GPU found" in out.stderr, out.stderr[-1000:]
 
 
 def serve_tensorboard(cmd: list[str], world: Path) -> None:
@@ -250,7 +450,7 @@ def serve_tensorboard(cmd: list[str], world: Path) -> None:
             except OSError:
                 assert proc.poll() is None, proc.stderr.read()[-2000:]
                 assert time.time() < deadline, "tensorboard did not answer within 120 s"
-                time.sleep(1)
+                time.sleep(0.5)
         assert "demo/pretrain/tb" in runs, runs
     finally:
         proc.terminate()
@@ -258,31 +458,64 @@ def serve_tensorboard(cmd: list[str], world: Path) -> None:
 
 
 def test_the_readme_has_the_commands_this_test_runs_for_real():
-    missing = sorted(set(REAL) - set(LINES))
-    assert missing == [], f"README lines run for real by this test are gone (update REAL): {missing}"
+    missing = sorted(set(REAL) - set(LINES)) + sorted(set(TASK_TINY) - set(LINES))
+    assert missing == [], f"README lines run for real by this test are gone (update REAL / TASK_TINY): {missing}"
     assert len(LINES) >= 25
+    assert set(REAL_TARGETS) <= set(TARGETS), "a make target this test runs for real is gone from `make help`"
 
 
-@pytest.mark.slow  # ~16 min on a loaded 2-core machine (tiny demo, real runs, make -n of every target)
-def test_every_readme_line_and_make_target_runs(world):
-    ran: dict[str, str] = {}
-    # The demo first: its runs are what the later lines evaluate and report on.
-    ordered = sorted(LINES, key=lambda line: line != "make demo")
-    for line in ordered:
-        if line.startswith(("recurlen report runs/eval780m", "recurlen eval base=state-spaces")):
-            fake_gpu_runs(world)
-        if line.startswith("make eval"):
-            more_demo_runs(world)
-        if line in ("make test", "make install", "make install EXTRAS=dev,cuda TORCH_CPU=torch"):
-            ran[line] = run_make(shlex.split(line)[1:], world, None)
-            continue
-        ran[line] = run_line(line, world)
-    covered = {next((w for w in shlex.split(line)[1:] if "=" not in w), "help")
-               for line in LINES if line.startswith("make")}
-    for target in make_targets():
-        if target not in covered:
-            ran[f"make {target}"] = run_make([target], world, REAL_TARGETS.get(target))
-    assert set(make_targets()) <= covered | {t for t in (k.split()[1] for k in ran if k.startswith("make "))}
-    assert (world / "runs" / "demo" / "report.md").is_file()
-    assert (world / "runs" / "eval" / "report.md").is_file() and (world / "runs" / "eval" / "results.json").is_file()
-    sys.stdout.write("\n".join(f"{how:18s} {line}" for line, how in ran.items()) + "\n")
+@pytest.mark.parametrize("line", LINES, ids=[f"{i:02d} {line[:60]}" for i, line in enumerate(LINES)])
+def test_readme_line(world, line):
+    if line == "make demo":  # ran once for the module (its runs are what the other lines read)
+        assert (world.root / "runs" / "demo" / "report.md").is_file()
+        assert world.demo_how == "real"
+        return
+    how = run_line(line, world.root, world.checks)
+    if line in REAL:
+        assert "real" in how or how == "served", how
+    if line.startswith("recurlen eval base=runs/demo"):
+        assert json.loads((world.root / "runs" / "eval" / "results.json").read_text())["runs"]
+
+
+@pytest.mark.parametrize("target", uncovered_targets())
+def test_make_target(world, target):
+    """The targets of `make help` that no README line runs, with their default variables."""
+    run_make([target], world.root, world.checks, REAL_TARGETS.get(target))
+
+
+def test_every_make_target_is_covered():
+    covered = {target_of(shlex.split(line)[1:]) for line in LINES if line.startswith("make")}
+    assert set(TARGETS) == covered | set(uncovered_targets())
+    assert {"demo", "finetune", "eval", "test", "lint", "tensorboard"} <= covered
+
+
+@pytest.mark.parametrize("broken", [
+    "recurlen finetune model=780m intervention=fitted_noise trainer.max_stepz=1000",  # a renamed key
+    "recurlen eval base=runs/demo/pretrain --out runs/eval seq_lenn=1024",             # a typo in a setting
+    "recurlen eval base=runs/demo/pretrain --outdir runs/eval",                        # a flag that does not exist
+    "recurlen finetune model=781m",                                                    # an unknown choice
+    "recurlen finetunee model=780m",                                                   # a command that is gone
+    "make finetune MODEL=780m INTERVENTION=tbptttt",                                   # through make
+    "make finetunes MODEL=780m",                                                       # a target that is gone
+    "make bench-gpu ARGS=--quik",                                                      # a benchmark option
+    "sbatch scripts/slurm_finetune.sbatch trainer.max_step=1000",                      # through the SLURM script
+    "torchrun --nnodes=2 --nproc-per-node=8 --master-prt=29500 -m recurlen.cli finetune model=780m",
+])
+def test_a_broken_line_fails(world, broken):
+    """What the README test exists for: a documented line that stopped working fails it."""
+    with pytest.raises((AssertionError, SystemExit)):
+        run_line(broken, world.root, world.checks)
+
+
+@pytest.mark.slow  # each trains and evaluates small models (~25 s together on 2 idle cores)
+@pytest.mark.parametrize("line", list(TASK_TINY))
+def test_task_lines_for_real(scratch, line):
+    """The long-context tasks' README lines, trained and evaluated for real (tiny): each writes its results.json."""
+    task = line.split()[1]
+    before = {p: p.stat().st_mtime_ns for p in scratch.glob(f"runs/{task}/**/results.json")}
+    how = run_line(line, scratch, Checks(), real=TASK_TINY[line])
+    assert how == "real", how
+    written = [p for p in scratch.glob(f"runs/{task}/**/results.json") if before.get(p) != p.stat().st_mtime_ns]
+    assert written, f"`{line}` wrote no runs/{task}/.../results.json"
+    for path in written:
+        assert json.loads(path.read_text())["task"] == task, path
