@@ -84,7 +84,8 @@ def starting_model(cfg: TaskExperimentConfig) -> dict | None:
     ckpt = p if p.suffix == ".ckpt" else RunDir(p).last_checkpoint
     if not ckpt.is_file():  # an official checkpoint: no recurlen post-training
         return {"path": cfg.model.pretrained, "intervention": None}
-    meta = torch.load(ckpt, map_location="cpu", weights_only=True).get(RUN_META_KEY) or {}
+    # mmap: only the run metadata is read, not the weights and optimizer state (gigabytes for official shapes)
+    meta = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get(RUN_META_KEY) or {}
     return {"path": cfg.model.pretrained, "intervention": meta.get("intervention"),
             "train_seq_len": meta.get("train_seq_len")}
 
