@@ -58,14 +58,25 @@ def test_lm_head_slices_do_not_change_nll(model, seqs, monkeypatch):
     torch.testing.assert_close(nll_BP, full_nll(model, seqs), atol=2e-5, rtol=1e-5)
 
 
-def test_memory_per_call_does_not_grow_with_length():
-    """Constant memory in L, structurally: every forward call reads at most chunk_len tokens, and the LM head's
-    largest logits tensor is the same size for a short and a long sequence and at most 64 MiB in float32.
+def test_forward_calls_capped_do_not_change_nll(model, seqs, monkeypatch):
+    import recurlen.eval.positionwise as positionwise
 
-    The regression this catches: head slices as large as a whole chunk made the peak follow the longest chunk,
-    and the state-sampling points cut a short sequence into shorter chunks than a long one (at the 130m shape
-    a 4k-token evaluation then peaked ~0.8 GB below a 128k one).
+    monkeypatch.setattr(positionwise, "FORWARD_ELEMENTS", 3 * model.config.d_model * 64)  # 64 tokens per call
+    assert positionwise.forward_tokens_per_call(model, 3) == 64
+    nll_BP, _ = score_positions(model, seqs, ends=[37, 200, L])  # chunks of 37, 163 and 56 tokens
+    torch.testing.assert_close(nll_BP, full_nll(model, seqs), atol=2e-5, rtol=1e-5)
+
+
+def test_memory_per_call_does_not_grow_with_length(monkeypatch):
+    """Constant memory in L, structurally: the largest forward call and the LM head's largest logits tensor are
+    the same size for a short and a long sequence (the head's at most 64 MiB in float32).
+
+    The regressions this catches: head slices as large as a whole chunk made the peak follow the longest chunk;
+    forward calls as long as a chunk did the same, since the state-sampling points cut a short sequence into
+    shorter chunks than a long one (at the 130m shape a 128k-token evaluation peaked 1.52x above a 4k one).
     """
+    import recurlen.eval.positionwise as positionwise
+
     torch.manual_seed(0)
     big_vocab = Mamba2LM(preset("nano", vocab_size=50277), backend="torch").eval()  # a Pile-sized LM head
     chunk_len = 1024
@@ -92,8 +103,14 @@ def test_memory_per_call_does_not_grow_with_length():
             del big_vocab.forward_hidden, big_vocab.logits_from_hidden
         return max(forward_tokens), max(head_elements)
 
+    monkeypatch.setattr(positionwise, "FORWARD_ELEMENTS", 0)  # no cap: calls of whole chunks
+    uncapped = largest_calls(4 * chunk_len), largest_calls(8 * chunk_len)
+    assert uncapped[0][0] < chunk_len and uncapped[1][0] == chunk_len  # state points cut the short one finer
+    # The cap at this tiny width, scaled to what 2^19 is at the 130m shape (a quarter of a 2048-token chunk).
+    monkeypatch.setattr(positionwise, "FORWARD_ELEMENTS", big_vocab.config.d_model * chunk_len // 4)
+    per_call = positionwise.forward_tokens_per_call(big_vocab, 1)
     short, long = largest_calls(4 * chunk_len), largest_calls(8 * chunk_len)
-    assert short[0] < chunk_len and long[0] == chunk_len  # state points cut the short sequence finer
+    assert short[0] == long[0] == per_call < chunk_len
     assert short[1] == long[1] <= (64 << 20) // 4
 
 

@@ -40,6 +40,25 @@ log = logging.getLogger(__name__)
 # evaluation peaked ~0.8 GB below a long one at the 130m shape.
 HEAD_ELEMENTS = 1 << 24
 
+# Tokens x lanes x d_model per forward call: a chunk longer than this runs as consecutive calls with the state
+# carried (split invariance keeps the NLL the same up to float rounding). The scan's activations grow with the
+# call's length, and the state-sampling points cut a short sequence into short chunks, so without a cap a long
+# evaluation's calls (whole chunks of 2048) peaked far above a short one's: at the 130m shape a 128k-token
+# evaluation took 1.52x the memory of a 4k one. 2^19 is 512 tokens of the 130m model per lane and leaves
+# the demo's calls (16 lanes x 256 tokens x d_model 128) whole.
+FORWARD_ELEMENTS = 1 << 19
+FORWARD_MULTIPLE = 64
+"""Capped calls are a multiple of this many tokens (whole chunks of the scan's usual chunk sizes)."""
+
+
+def forward_tokens_per_call(model: nn.Module, batch: int) -> int | None:
+    """The most tokens per lane one forward call reads (None: no cap, or the model does not say its width)."""
+    width = getattr(getattr(model, "config", None), "d_model", None)
+    if not width or FORWARD_ELEMENTS <= 0:
+        return None
+    tokens = FORWARD_ELEMENTS // (batch * width)
+    return max(FORWARD_MULTIPLE, tokens - tokens % FORWARD_MULTIPLE)
+
 POSITION_CONVENTION = "position p is the prediction of token p+1 from tokens 0..p; L tokens give L-1 positions"
 
 
@@ -67,26 +86,30 @@ def score_positions(model: nn.Module, ids_BL: torch.Tensor, *, ends: Sequence[in
     device = ids_BL.device
     vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 65536  # only sizes the head slices
     nll_BP = torch.full((batch, length - 1), float("nan"), dtype=torch.float32, device=device)
+    per_call = forward_tokens_per_call(model, batch) or length
+    # The LM head in slices of at most HEAD_ELEMENTS logits: (batch, chunk, 50k) floats would otherwise
+    # dominate memory (6.6 GB for 4 x 8192 tokens of the Pile models) and make the peak follow the longest
+    # chunk rather than stay constant.
+    head_step = max(1, HEAD_ELEMENTS // (batch * vocab))
     stats = []
     state = None
     start = 0
     for end in ends:
         if reset_every is not None and start % reset_every == 0:
             state = None  # zero state: this position starts a fresh, in-distribution context
-        with autocast(device, bf16=bf16):
-            hidden_BlD, state = model.forward_hidden(ids_BL[:, start:end], state)
-        stop = min(end, length - 1) if with_nll else start  # the very last token has no target
-        # The LM head in slices of at most HEAD_ELEMENTS logits: (batch, chunk, 50k) floats would
-        # otherwise dominate memory (6.6 GB for 4 x 8192 tokens of the Pile models) and make the peak
-        # follow the longest chunk rather than stay constant.
-        step = max(1, HEAD_ELEMENTS // (batch * vocab))
-        for s0 in range(start, stop, step):
-            s1 = min(s0 + step, stop)
+        for c0 in range(start, end, per_call):
+            c1 = min(c0 + per_call, end)
             with autocast(device, bf16=bf16):
-                logits_BsV = model.logits_from_hidden(hidden_BlD[:, s0 - start:s1 - start])
-            # float32 log-softmax: bf16 logits would round the NLL of confident predictions to zero.
-            nll_BP[:, s0:s1] = F.cross_entropy(logits_BsV.float().transpose(1, 2), ids_BL[:, s0 + 1:s1 + 1],
-                                               reduction="none")
+                hidden_BlD, state = model.forward_hidden(ids_BL[:, c0:c1], state)
+            stop = min(c1, length - 1) if with_nll else c0  # the very last token has no target
+            for s0 in range(c0, stop, head_step):
+                s1 = min(s0 + head_step, stop)
+                with autocast(device, bf16=bf16):
+                    logits_BsV = model.logits_from_hidden(hidden_BlD[:, s0 - c0:s1 - c0])
+                # float32 log-softmax: bf16 logits would round the NLL of confident predictions to zero.
+                nll_BP[:, s0:s1] = F.cross_entropy(logits_BsV.float().transpose(1, 2), ids_BL[:, s0 + 1:s1 + 1],
+                                                   reduction="none")
+            del hidden_BlD
         if sample_state:
             stats.append(state_statistics(state))
         if on_chunk is not None:
