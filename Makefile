@@ -7,9 +7,12 @@ PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 EXTRAS ?= dev
 STAMP := $(VENV)/.installed
-# mamba-ssm's Triton kernels on CPU (make test-kernels): triton from the kernels-cpu extra, and mamba-ssm
-# built without its CUDA extensions (Python-only, seconds) and without its GPU-only dependencies.
+# mamba-ssm's and fla's Triton kernels on CPU (make test-kernels): triton from the kernels-cpu extra, mamba-ssm
+# built without its CUDA extensions (Python-only, seconds) and without its GPU-only dependencies, and fla-core.
 MAMBA_SSM ?= mamba-ssm==2.3.2.post1
+# flash-linear-attention's kernels for GLA: fla-core is its ops package (pure Python, no transformers), pinned to
+# the release whose chunked GLA kernel the interpreter tests were verified with.
+FLA_CORE ?= fla-core==0.6.0
 KERNELS_STAMP := $(VENV)/.kernels-cpu
 
 OFFICIAL := 130m 370m 780m 1.3b 2.7b
@@ -47,6 +50,7 @@ $(STAMP): pyproject.toml
 $(KERNELS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[$(EXTRAS),kernels-cpu]"
 	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(PY) -m pip install -q --no-build-isolation --no-deps "$(MAMBA_SSM)"
+	$(PY) -m pip install -q --no-deps "$(FLA_CORE)"
 	touch $(KERNELS_STAMP)
 
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
@@ -60,8 +64,8 @@ test: $(STAMP) ## run the default (CPU) test suite
 test-slow: $(STAMP) ## run the slow tests too
 	$(PY) -m pytest -q -m "not kernels"
 
-test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's real Triton kernels on CPU (interpreter)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels tests/test_kernels_cpu.py
+test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's and fla's real Triton kernels on CPU (interpreter)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels tests/test_kernels_cpu.py tests/test_gla_kernels_cpu.py
 
 test-gpu: $(STAMP) ## the GPU tests: kernels == torch backend, FSDP run (needs CUDA + recurlen[cuda])
 	$(PY) -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu_fsdp.py

@@ -1,5 +1,7 @@
 """Shared test setup."""
 
+import ast
+
 import pytest
 import torch
 
@@ -23,26 +25,46 @@ def run_tiny_task(tmp_path):
     return run
 
 
-@pytest.fixture(scope="session")
-def triton_interpreter():
-    """mamba-ssm's real Triton kernels, executed on CPU tensors by Triton's interpreter (make test-kernels).
+# Kernel modules whose autotuners must be created after the interpreter fixture's patches.
+_KERNEL_MODULES = ("mamba_ssm.ops.triton.ssd_combined", "fla.ops")
 
-    Needs recurlen[kernels-cpu] (triton) and a Python-only mamba-ssm build. The interpreter must be on before
-    mamba-ssm's Triton modules are imported (kernels are decorated at import). What is patched here is patched
-    in this test process only; recurlen's kernel glue runs unchanged:
+
+def _tensor_loop_index(transformer: ast.NodeTransformer, node: ast.For) -> ast.For:
+    """The interpreter's kernel rewriter, for loops: in `for i in range(n)` compiled Triton makes `i` a tensor
+    (kernels call `i.to(tl.int64)`), the interpreter a Python int. The index is converted at the top of the body,
+    as the interpreter already does for every assignment. `tl.static_range` (a compile-time index) is left alone."""
+    node = transformer.generic_visit(node)
+    func = getattr(node.iter, "func", None)
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+    if name == "range" and isinstance(node.target, ast.Name):
+        to_tensor = ast.Attribute(value=ast.Name(id="interpreter_semantic", ctx=ast.Load()), attr="to_tensor",
+                                  ctx=ast.Load())
+        convert = ast.Assign(targets=[ast.Name(id=node.target.id, ctx=ast.Store())],
+                             value=ast.Call(func=to_tensor, args=[ast.Name(id=node.target.id, ctx=ast.Load()),
+                                                                  ast.Constant(value=False)], keywords=[]))
+        node.body.insert(0, ast.copy_location(convert, node.body[0]))
+    return node
+
+
+@pytest.fixture(scope="session")
+def triton_cpu():
+    """Triton's interpreter, ready to run CUDA-oriented kernel wrappers on CPU tensors (make test-kernels).
+
+    Needs recurlen[kernels-cpu] (triton). The interpreter must be on before any kernel module is imported
+    (kernels are decorated at import). What is patched here is patched in this test process only; recurlen's
+    kernel glue and the kernel libraries run unchanged:
       - torch.cuda.device(index) wraps every launch; with a CPU tensor the index is None and CPU torch fails,
         so it becomes a no-op context;
       - backward kernels size their grids by torch.cuda.get_device_properties(...).multi_processor_count;
       - autotuners would benchmark their configs, which the interpreter cannot: each keeps its first config;
       - the interpreter checks every integer add / mul for overflow (compiled kernels do so only in debug
-        mode); that check is ~half of the interpreted time, so it is off.
+        mode); that check is ~half of the interpreted time, so it is off;
+      - loop indices become tensors, as in compiled kernels (_tensor_loop_index).
     """
     import dataclasses
     import sys
     import types
     from contextlib import nullcontext
-
-    from recurlen import kernels
 
     try:
         import triton
@@ -54,9 +76,10 @@ def triton_interpreter():
     if not isinstance(triton.language.standard.cumsum, interpreter.InterpretedFunction):
         pytest.fail("triton was imported without its interpreter; run the kernel tests with TRITON_INTERPRET=1 "
                     "in the environment, in their own process: make test-kernels")
-    if "mamba_ssm.ops.triton.ssd_combined" in sys.modules:  # its autotuners exist already, unpatched
-        pytest.fail("mamba-ssm's Triton kernels were imported before this fixture; run the kernel tests in their "
-                    "own process: make test-kernels")
+    early = [name for name in _KERNEL_MODULES if name in sys.modules]  # their autotuners exist already, unpatched
+    if early:
+        pytest.fail(f"{early} were imported before this fixture; run the kernel tests in their own process: "
+                    "make test-kernels")
     patch = pytest.MonkeyPatch()
     first_config_init = autotuner.Autotuner.__init__
 
@@ -68,11 +91,32 @@ def triton_interpreter():
     patch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(multi_processor_count=16))
     builder = interpreter.interpreter_builder
     patch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=False))
+    patch.setattr(interpreter.ASTTransformer, "visit_For", _tensor_loop_index, raising=False)
+    yield
+    patch.undo()
+
+
+@pytest.fixture(scope="session")
+def triton_interpreter(triton_cpu):
+    """mamba-ssm's real Triton kernels under the interpreter (a Python-only mamba-ssm build)."""
+    from recurlen import kernels
+
     kernels._mamba_kernels.cache_clear()
     fns, why = kernels._mamba_kernels()
     if fns is None:
-        patch.undo()
         pytest.fail(f"mamba-ssm's Triton kernels do not import ({why}); make test-kernels installs them")
     yield
-    patch.undo()
     kernels._mamba_kernels.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def fla_interpreter(triton_cpu):
+    """flash-linear-attention's real chunked GLA kernel under the interpreter (fla-core, its ops package)."""
+    from recurlen.gla import kernels
+
+    kernels._chunk_gla.cache_clear()
+    fn, why = kernels._chunk_gla()
+    if fn is None:
+        pytest.fail(f"flash-linear-attention's chunk_gla does not import ({why}); make test-kernels installs it")
+    yield
+    kernels._chunk_gla.cache_clear()

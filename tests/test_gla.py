@@ -210,6 +210,14 @@ def test_state_type_operations_and_errors():
         model(ids, (state.kv, state.conv))
 
 
+def test_kernel_backend_on_cpu_is_refused_outside_the_interpreter(monkeypatch):
+    """backend='kernel' on a CPU model: one clear error before fla is imported (under Triton's interpreter the
+    kernel tests run it: tests/test_gla_kernels_cpu.py)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs the model on a CUDA device; it is on cpu"):
+        _model()(torch.zeros(1, 3, dtype=torch.long), backend="kernel")
+
+
 def test_kernel_layout_arguments_follow_the_installed_signature():
     def old(q, k, v, g, scale=None, initial_state=None, output_final_state=False, head_first=True):
         pass

@@ -5,6 +5,10 @@
 arguments changed across releases (`head_first` was the default layout once, `state_v_first` came
 later), so the call passes each only where the installed version has it, always asking for the
 time-major layout and the key-major state.
+
+On CPU tensors the same kernel runs only under Triton's interpreter (TRITON_INTERPRET=1 before triton
+is imported, with recurlen[kernels-cpu] and fla-core): the kernel tests use it to execute this glue
+without a GPU (make test-kernels).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import functools
 import inspect
 
 import torch
+
+from recurlen.kernels import interpreter_on
 
 
 @functools.lru_cache(maxsize=1)
@@ -28,12 +34,16 @@ def kernels_available() -> bool:
     return torch.cuda.is_available() and _chunk_gla()[0] is not None
 
 
-def require_kernels() -> None:
-    if not torch.cuda.is_available():
-        raise ValueError("backend='kernel' needs a CUDA device; use backend='torch' (or 'auto') on CPU")
+def require_kernels(device: torch.device) -> None:
+    """ValueError naming what is missing when backend='kernel' cannot run on `device`."""
+    if device.type != "cuda" and not (device.type == "cpu" and interpreter_on()):
+        raise ValueError(f"backend='kernel' needs the model on a CUDA device; it is on {device}. Use backend='torch' "
+                         "(or 'auto') here; on a CPU fla's kernel runs only under Triton's interpreter "
+                         "(TRITON_INTERPRET=1): make test-kernels")
     fn, why = _chunk_gla()
     if fn is None:
-        raise ValueError("backend='kernel' for GLA needs flash-linear-attention (pip install 'recurlen[gla]'); "
+        install = "pip install 'recurlen[gla]'" if device.type == "cuda" else "make test-kernels installs fla-core"
+        raise ValueError(f"backend='kernel' for GLA needs flash-linear-attention ({install}); "
                          f"importing it failed with {why}. Use backend='torch' or 'auto'.")
 
 
@@ -58,6 +68,7 @@ def chunk_gla(q_BLHK: torch.Tensor, k_BLHK: torch.Tensor, v_BLHV: torch.Tensor, 
     fn = fn or _chunk_gla()[0]
     # fla detaches the initial state in some releases: the state's gradient then stops here, which is
     # what state passing / TBTT want anyway (they detach), but a caller needing it must use the torch path.
+    # fla-core 0.6.0 returns it (the interpreter tests compare it with the torch path's).
     o, final = fn(q_BLHK, k_BLHK, v_BLHV, g_BLHK.float(), scale=scale,
                   initial_state=initial_state_BHKV.float().contiguous(), output_final_state=True, **layout_kwargs(fn))
     return o, final.float()

@@ -198,9 +198,7 @@ class GLALM(nn.Module):
         if backend == "torch":
             return False
         if backend == "kernel":
-            kernels.require_kernels()
-            if device.type != "cuda":
-                raise ValueError(f"backend='kernel' needs the model on a CUDA device; it is on {device}")
+            kernels.require_kernels(device)
             return True
         return device.type == "cuda" and kernels.kernels_available()
 
