@@ -44,7 +44,7 @@ HEAD_ELEMENTS = 1 << 24
 # carried (split invariance keeps the NLL the same up to float rounding). The scan's activations grow with the
 # call's length, and the state-sampling points cut a short sequence into short chunks, so without a cap a long
 # evaluation's calls (whole chunks of 2048) peaked far above a short one's: at the 130m shape a 128k-token
-# evaluation took 1.52x the memory of a 4k one. 2^19 is 512 tokens of the 130m model per lane and leaves
+# evaluation took 1.52x the memory of a 4k one (1.05x with this cap; CPU only, see below). 2^19 is 512 tokens of the 130m model per lane and leaves
 # the demo's calls (16 lanes x 256 tokens x d_model 128) whole.
 FORWARD_ELEMENTS = 1 << 19
 FORWARD_MULTIPLE = 64
@@ -52,9 +52,12 @@ FORWARD_MULTIPLE = 64
 
 
 def forward_tokens_per_call(model: nn.Module, batch: int) -> int | None:
-    """The most tokens per lane one forward call reads (None: no cap, or the model does not say its width)."""
+    """The most tokens per lane one forward call reads (None: no cap, or the model does not say its width).
+
+    CPU only: there the activations are a visible share of the process's memory, while on a GPU a whole
+    chunk's are small next to the device's memory and shorter calls would only add kernel launches."""
     width = getattr(getattr(model, "config", None), "d_model", None)
-    if not width or FORWARD_ELEMENTS <= 0:
+    if not width or FORWARD_ELEMENTS <= 0 or model_device(model).type != "cpu":
         return None
     tokens = FORWARD_ELEMENTS // (batch * width)
     return max(FORWARD_MULTIPLE, tokens - tokens % FORWARD_MULTIPLE)
