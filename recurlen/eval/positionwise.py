@@ -44,8 +44,8 @@ HEAD_ELEMENTS = 1 << 24
 # carried (split invariance keeps the NLL the same up to float rounding). The scan's activations grow with the
 # call's length, and the state-sampling points cut a short sequence into short chunks, so without a cap a long
 # evaluation's calls (whole chunks of 2048) peaked far above a short one's: at the 130m shape a 128k-token
-# evaluation took 1.52x the memory of a 4k one (1.05x with this cap; CPU only, see below). 2^19 is 512 tokens of the 130m model per lane and leaves
-# the demo's calls (16 lanes x 256 tokens x d_model 128) whole.
+# evaluation took 1.52x the memory of a 4k one, 1.05x with this cap (CPU only, see forward_tokens_per_call).
+# 2^19 is 512 tokens of the 130m model per lane and leaves the demo's calls (16 lanes x 256 x d_model 128) whole.
 FORWARD_ELEMENTS = 1 << 19
 FORWARD_MULTIPLE = 64
 """Capped calls are a multiple of this many tokens (whole chunks of the scan's usual chunk sizes)."""
