@@ -62,7 +62,10 @@ test: $(STAMP) ## run the default (CPU) test suite
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP) ## run the slow tests too
-	$(PY) -m pytest -q -m "not kernels"
+	$(PY) -m pytest -q -m "not kernels and not rehearsal"
+
+test-rehearsal: $(STAMP) ## official 130m shape on CPU: load, bf16 post-training per intervention, resume, 128k eval (~15 min)
+	$(PY) -m pytest -q -m rehearsal tests/test_rehearsal_130m.py
 
 test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's and fla's real Triton kernels on CPU (interpreter)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels tests/test_kernels_cpu.py tests/test_gla_kernels_cpu.py
@@ -107,4 +110,4 @@ gpu-check: ## the GPU path in one command (GPU machine, <10 min): installs it, t
 bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their training throughput (needs CUDA + [cuda])
 	$(PY) benchmarks/bench_gpu.py $(ARGS)
 
-.PHONY: help install demo test test-slow test-kernels test-gpu gpu-check lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu
+.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu

@@ -24,7 +24,8 @@ import torch
 from recurlen import Mamba2LM, preset
 from recurlen.runs import RUN_META_KEY, RunDir
 
-pytestmark = pytest.mark.slow
+# Not in CI's slow tier: ~15 min on 2 idle cores (most of it the 128k-token evaluation); `make test-rehearsal`.
+pytestmark = [pytest.mark.slow, pytest.mark.rehearsal]
 
 REPO = Path(__file__).resolve().parents[1]
 INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
@@ -97,25 +98,45 @@ def carried_ssm(ckpt: dict) -> torch.Tensor:
     return carried["state"]["ssm"]
 
 
-def test_official_130m_rehearsal(tmp_path):
-    checkpoint = tmp_path / "mamba2-130m"
-    official = write_official_130m(checkpoint)
-    corpus = write_corpus(tmp_path / "corpus")
+@pytest.fixture(scope="module")
+def official(tmp_path_factory) -> tuple[Path, Path]:
+    """The official-format 130m checkpoint and a plain-text corpus."""
+    root = tmp_path_factory.mktemp("rehearsal")
+    write_official_130m(root / "mamba2-130m")
+    return root / "mamba2-130m", write_corpus(root / "corpus")
 
-    # 1. The official format loads through from_pretrained: fp16 upcast, head tied to the embedding.
+
+@pytest.fixture(scope="module")
+def tbptt_run(official) -> Path:
+    """TBTT post-trained 3 steps: the reference of the resume check and the model of the 128k evaluation."""
+    checkpoint, corpus = official
+    run_dir = checkpoint.parent / "runs" / "tbptt"
+    finetune(checkpoint, corpus, run_dir, "tbptt", steps=3)
+    return run_dir
+
+
+def test_official_130m_loads(official):
+    """The official format loads through from_pretrained: fp16 upcast, head tied to the embedding."""
+    checkpoint, _ = official
     model = Mamba2LM.from_pretrained(str(checkpoint), backend="torch")
     assert model.config == preset("130m")
     assert model.lm_head.weight is model.backbone.embedding.weight
     assert model.backbone.embedding.weight.dtype == torch.float32
+    saved = torch.load(checkpoint / "pytorch_model.bin", weights_only=True, mmap=True)
+    assert saved["backbone.layers.23.mixer.in_proj.weight"].dtype == torch.float16
     assert torch.equal(model.backbone.layers[23].mixer.in_proj.weight,
-                       official["backbone.layers.23.mixer.in_proj.weight"].float())
-    del model, official
+                       saved["backbone.layers.23.mixer.in_proj.weight"].float())
 
-    # 2. 3 steps per intervention at T = 2048 in bf16-mixed.
-    runs = tmp_path / "runs"
+
+def test_official_130m_post_training_and_resume(official, tbptt_run):
+    checkpoint, corpus = official
+    runs = tbptt_run.parent
+
+    # 3 steps per intervention at T = 2048 in bf16-mixed (tbptt's run is the fixture's).
     for intervention in INTERVENTIONS:
         run_dir = runs / intervention
-        finetune(checkpoint, corpus, run_dir, intervention, steps=3)
+        if intervention != "tbptt":
+            finetune(checkpoint, corpus, run_dir, intervention, steps=3)
         ckpt = last_checkpoint(run_dir)
         assert ckpt["global_step"] == 3, intervention
         assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values()), intervention
@@ -128,7 +149,7 @@ def test_official_130m_rehearsal(tmp_path):
         if intervention != "tbptt":  # 1.5 GB per run (weights + AdamW); tbptt is the reference and the eval's model
             shutil.rmtree(run_dir / "checkpoints")
 
-    # 3. Checkpoint with carried states, then resume: TBTT (SSM state and conv window carried) stopped after 2 steps
+    # Checkpoint with carried states, then resume: TBTT (SSM state and conv window carried) stopped after 2 steps
     # and resumed to 3 ends exactly where the uninterrupted 3-step run ended, which it cannot do unless the step
     # count, the optimizer, the data position and the carried states all came back.
     resumed = runs / "tbptt-resumed"
@@ -140,16 +161,17 @@ def test_official_130m_rehearsal(tmp_path):
     del at_2
     done = finetune(checkpoint, corpus, resumed, "tbptt", steps=3)
     assert "resuming from" in done.stdout + done.stderr
-    got, want = last_checkpoint(resumed), last_checkpoint(runs / "tbptt")
+    got, want = last_checkpoint(resumed), last_checkpoint(tbptt_run)
     assert got["global_step"] == want["global_step"] == 3
     for key, value in want["state_dict"].items():
         assert torch.equal(got["state_dict"][key], value), f"resumed run differs from the uninterrupted one at {key}"
     torch.testing.assert_close(carried_ssm(got), carried_ssm(want), rtol=0, atol=0)
-    del got, want
 
-    # 4. One 131072-token held-out sequence in chunks (64 x T) through `recurlen eval`.
+
+def test_official_130m_eval_131072_tokens(tbptt_run, tmp_path):
+    """One 131072-token held-out sequence in chunks (64 x T) through `recurlen eval`."""
     out = tmp_path / "eval"
-    recurlen("eval", f"tbptt={runs / 'tbptt'}", f"seq_len={EVAL_LEN}", "num_sequences=1", "batch_size=1",
+    recurlen("eval", f"tbptt={tbptt_run}", f"seq_len={EVAL_LEN}", "num_sequences=1", "batch_size=1",
              f"chunk_len={T}", "tasks=[positionwise,state]", "progress=false", "data.val_mode=pack",
              "--out", str(out))
     run = json.loads((out / "results.json").read_text())["runs"][0]
