@@ -57,6 +57,12 @@ REAL = {
     "recurlen report runs/eval/results.json --out runs/eval": [],
     "recurlen report runs/eval780m/results.json --out runs/eval780m": [],
     "make eval ARGS='seq_len=512 num_sequences=16'": EVAL_TINY,
+    # Fitted noise with the refresh, from the demo's base: the run, then its evaluation (which needs the run).
+    "recurlen finetune experiment=demo-posttrain intervention=fitted_noise intervention.fit_refresh=ema "
+    "model.pretrained=runs/demo/pretrain/checkpoints/last.ckpt run_dir=runs/refresh/fitted_noise-ema "
+    "trainer.num_threads=1": [*TRAIN_TINY, "intervention.fit_refresh_every=1"],
+    "recurlen eval base=runs/demo/pretrain fitted_noise_ema=runs/refresh/fitted_noise-ema seq_len=1024 "
+    "num_sequences=64 chunk_len=256 batch_size=16 tasks=[positionwise,reset,state] --out runs/refresh/eval": EVAL_TINY,
     "make tensorboard": [],
     "make lint": [],
 }
