@@ -64,7 +64,7 @@ test: $(STAMP) ## run the default (CPU) test suite
 test-slow: $(STAMP) ## run the slow tests too
 	$(PY) -m pytest -q -m "not kernels and not rehearsal"
 
-test-rehearsal: $(STAMP) ## official 130m shape on CPU: load, bf16 post-training per intervention, resume, 128k eval (~15 min)
+test-rehearsal: $(STAMP) ## official 130m shape on CPU: load, bf16 post-training per intervention, resume, 128k eval (~20 min idle, ~50 busy)
 	$(PY) -m pytest -q -m rehearsal tests/test_rehearsal_130m.py
 
 test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's and fla's real Triton kernels on CPU (interpreter)

@@ -24,7 +24,7 @@ import torch
 from recurlen import Mamba2LM, preset
 from recurlen.runs import RUN_META_KEY, RunDir
 
-# Not in CI's slow tier: ~15 min on 2 idle cores (most of it the 128k-token evaluation); `make test-rehearsal`.
+# Not in CI's slow tier: ~50 min on 2 busy cores, ~20 estimated idle (the 128k evaluation ~7-13 of them).
 pytestmark = [pytest.mark.slow, pytest.mark.rehearsal]
 
 REPO = Path(__file__).resolve().parents[1]
