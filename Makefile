@@ -24,6 +24,7 @@ GPUS ?=
 NODES ?=
 STRATEGY ?=
 RUN ?=
+ARCH ?=
 RUNS ?= runs/demo/pretrain runs/demo/post/none runs/demo/post/state_passing runs/demo/post/tbptt
 OUT ?= runs/eval
 ARGS ?=
@@ -55,8 +56,8 @@ $(KERNELS_STAMP): $(STAMP)
 
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
 
-demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md
-	$(PY) -m recurlen.cli demo $(ARGS)
+demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (ARCH=mamba1|gla: runs/demo-ARCH)
+	$(PY) -m recurlen.cli demo $(if $(ARCH),arch=$(ARCH)) $(ARGS)
 
 test: $(STAMP) ## run the default (CPU) test suite
 	$(PY) -m pytest -q

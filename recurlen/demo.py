@@ -66,18 +66,21 @@ class DemoEval:
 class DemoConfig:
     pipeline: str = "demo"
     """Marks experiments/demo.yaml as a pipeline (run by `recurlen demo`), not a single training run."""
-    run_root: str = "runs/demo"
-    """Where the stages' run directories, report.md and results.json go."""
+    arch: str = "mamba2"
+    """The architecture demonstrated: mamba2, mamba1 or gla (each has its demo-*-pretrain / -posttrain experiments)."""
+    run_root: str | None = None
+    """Where the stages' run directories, report.md and results.json go; None: runs/demo (Mamba-2) or
+    runs/demo-<arch>."""
     parallel: int = 2
     """Post-trainings run at the same time (one per core)."""
     threads_per_run: int = 1
     """Torch threads of each post-training (pretrain and eval use parallel x this)."""
-    pretrain_experiment: str = "demo-pretrain"
-    """The experiment of stage 1 (experiments/NAME.yaml)."""
+    pretrain_experiment: str | None = None
+    """The experiment of stage 1 (experiments/NAME.yaml); None: demo-pretrain (Mamba-2) or demo-<arch>-pretrain."""
     pretrain_steps: int | None = None
     """None: the pretrain experiment's trainer.max_steps."""
-    posttrain_experiment: str = "demo-posttrain"
-    """The experiment of stage 2, run once per intervention."""
+    posttrain_experiment: str | None = None
+    """The experiment of stage 2, run once per intervention; None: demo-posttrain or demo-<arch>-posttrain."""
     posttrain_steps: int | None = None
     """None: the post-train experiment's trainer.max_steps."""
     interventions: list[str] = field(default_factory=lambda: list(INTERVENTIONS))
@@ -92,6 +95,30 @@ class DemoConfig:
             raise ValueError(f"demo interventions {unknown} are unknown; allowed: {list(INTERVENTIONS)}")
         if self.parallel < 1 or self.threads_per_run < 1:
             raise ValueError("demo parallel and threads_per_run must be >= 1")
+        with_demo = demo_architectures()
+        if self.arch not in with_demo:
+            raise ValueError(f"demo arch={self.arch!r} has no demo; allowed: {with_demo}")
+        # The Mamba-2 demo keeps its original names (its runs and done markers stay valid).
+        suffix = "" if self.arch == DEFAULT_ARCH else f"-{self.arch}"
+        self.run_root = self.run_root or f"runs/demo{suffix}"
+        self.pretrain_experiment = self.pretrain_experiment or _demo_experiment(self.arch, "pretrain")
+        self.posttrain_experiment = self.posttrain_experiment or _demo_experiment(self.arch, "posttrain")
+
+
+DEFAULT_ARCH = "mamba2"
+
+
+def _demo_experiment(arch: str, stage: str) -> str:
+    return f"demo-{stage}" if arch == DEFAULT_ARCH else f"demo-{arch}-{stage}"
+
+
+def demo_architectures() -> list[str]:
+    """Architectures with both demo experiments in experiments/."""
+    from recurlen.arch import architectures
+
+    root = experiments_dir()
+    return [a for a in architectures() if all((root / f"{_demo_experiment(a, s)}.yaml").is_file()
+                                                for s in ("pretrain", "posttrain"))]
 
 
 def load_demo_config(args: list[str]) -> DemoConfig:
@@ -319,13 +346,17 @@ def _trained_steps(run_dir: Path) -> str:
 
 
 def setup_notes(cfg: DemoConfig) -> list[str]:
-    """The report's Setup section: what was trained (steps as the checkpoints hold them), and why A is initialised
-    as it is."""
+    """The report's Setup section: what was trained (steps as the checkpoints hold them), and how its memories
+    were initialised (the fields the demo's model file changes from the preset)."""
+    from recurlen.arch import architectures
+
     pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
     post = _experiment_cfg(cfg, cfg.posttrain_experiment)
-    arch = pre.model.config
-    low, high = arch.A_init_range
-    spacing = "log-uniformly" if arch.A_init_log_uniform else "uniformly"
+    model = pre.model
+    arch = architectures()[model.architecture]
+    preset = arch.preset(model.name)
+    changed = {k: v for k, v in model.arch.items() if k != "chunk_size" and getattr(preset, k, None) != v}
+    init = ", ".join(f"{k}={_plain(v)}" for k, v in changed.items())
     root = Path(cfg.run_root)
     pre_steps = _trained_steps(root / "pretrain")
     per_post = {name: _trained_steps(root / "post" / name) for name in cfg.interventions}
@@ -334,16 +365,21 @@ def setup_notes(cfg: DemoConfig) -> list[str]:
                   else f"steps as the checkpoints hold them ({', '.join(f'{n} {k}' for n, k in per_post.items())})")
     return [
         "## Setup", "",
-        f"- Base: Mamba-2 (d_model {arch.d_model}, {arch.n_layer} layers, d_state {arch.d_state}, headdim "
-        f"{arch.headdim}, tokenizer `{pre.data.tokenizer}`), pre-trained for {pre_steps} steps from a zero initial "
-        f"state at T = {pre.data.seq_len} (batch {pre.data.batch_size}, lr {pre.optim.lr:g}) on `{pre.data.source}`.",
+        f"- Base: {arch.describe(model.config)}, tokenizer `{pre.data.tokenizer}`, pre-trained for {pre_steps} "
+        f"steps from a zero initial state at T = {pre.data.seq_len} (batch {pre.data.batch_size}, lr "
+        f"{pre.optim.lr:g}) on `{pre.data.source}`.",
         f"- Post-training: {post_steps}, lr "
         f"{post.optim.lr:g}, the same data and T.",
-        f"- A is initialised {spacing} in [{low:g}, {high:g}] (`model.arch.A_init_range`): slowly decaying heads. "
-        "With mamba-ssm's default initialisation (A in [1, 16]) models of this size did NOT fail past T in "
-        "probes on 2 CPU cores (T 16 to 128, up to 12M tokens): they learn memories of at most "
-        "~170 tokens, so there is nothing to fix at CPU scale. The official checkpoints do fail (the paper).",
+        f"- Memories start slowly decaying ({init or 'the preset as it is'}; `model.arch`, "
+        f"experiments/model/ file of `{pre.model.name}`). With the default initialisation, models of this size "
+        "did NOT fail past T in probes on 2 CPU cores (measured for Mamba-2 with A in [1, 16], T 16 to 128, up "
+        "to 12M tokens): they learn memories of at most ~170 tokens, so there would be nothing to fix at CPU "
+        "scale. The official checkpoints do fail (the paper).",
     ]
+
+
+def _plain(value) -> str:
+    return f"[{', '.join(f'{x:g}' for x in value)}]" if isinstance(value, (list, tuple)) else str(value).lower()
 
 
 def _experiment_cfg(cfg: DemoConfig, experiment: str):
@@ -425,4 +461,5 @@ def demo_checks(runs: Sequence[dict]) -> list[dict]:
     return checks
 
 
-__all__ = ["DemoConfig", "DemoEval", "demo_checks", "demo_plan", "load_demo_config", "run_demo"]
+__all__ = ["DemoConfig", "DemoEval", "demo_architectures", "demo_checks", "demo_plan", "load_demo_config",
+           "run_demo"]

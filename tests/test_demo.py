@@ -151,3 +151,42 @@ def test_report_states_the_steps_its_checkpoints_hold(tmp_path):
     torch.save({"global_step": 5}, tmp_path / "post" / "tbptt" / "checkpoints" / "last.ckpt")
     text = "\n".join(setup_notes(cfg))
     assert "Post-training: steps as the checkpoints hold them (none 7, tbptt 5), lr" in text
+
+
+# ---- one demo per architecture ----
+
+
+@pytest.mark.parametrize("arch,root,pretrain,model", [
+    ("mamba2", "runs/demo", "demo-pretrain", "Mamba-2 (d_model 128"),
+    ("mamba1", "runs/demo-mamba1", "demo-mamba1-pretrain", "Mamba-1 (d_model 128"),
+    ("gla", "runs/demo-gla", "demo-gla-pretrain", "GLA (hidden 128"),
+])
+def test_demo_arch_picks_its_experiments_run_root_and_model(arch, root, pretrain, model):
+    from recurlen.demo import demo_plan
+
+    cfg = load_demo_config([f"arch={arch}"])
+    assert (cfg.run_root, cfg.pretrain_experiment) == (root, pretrain)
+    assert cfg.posttrain_experiment == pretrain.replace("pretrain", "posttrain")
+    plan = "\n".join(demo_plan(cfg))
+    assert model in plan and f"{root}/pretrain" in plan
+    # What the user states wins over the arch's defaults.
+    assert load_demo_config([f"arch={arch}", "run_root=elsewhere"]).run_root == "elsewhere"
+
+
+def test_unknown_demo_arch_names_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"demo arch='mamba3' has no demo; allowed: \['mamba2', 'mamba1', 'gla'\]"):
+        load_demo_config(["arch=mamba3"])
+
+
+@pytest.mark.parametrize("arch,describes", [
+    ("mamba2", ["Mamba-2 (d_model 128", "A_init_range=[0.001, 0.1], A_init_log_uniform=true"]),
+    ("mamba1", ["Mamba-1 (d_model 128", "A_init_range=[0.001, 0.1], A_init_log_uniform=true"]),
+    ("gla", ["GLA (hidden 128", "gate_bias_init_range=[2, 6]"]),
+])
+def test_report_setup_names_the_architecture_and_its_slow_initialisation(tmp_path, arch, describes):
+    from recurlen.demo import setup_notes
+
+    text = "\n".join(setup_notes(load_demo_config([f"arch={arch}", f"run_root={tmp_path}"])))
+    for part in describes:
+        assert part in text, (part, text)
+    assert "did NOT fail past T" in text

@@ -321,3 +321,21 @@ def test_save_load_round_trip_and_official_shapes(tmp_path):
     assert shapes["model.layers.0.attn.g_norm_swish_gate.weight"] == (256,)
     assert shapes["model.layers.0.mlp.gate_proj.weight"] == (2816, 1024)
     assert 335e6 < big.num_parameters() < 345e6
+
+
+def test_forget_gate_bias_starts_at_zero_or_in_the_given_range():
+    torch.manual_seed(0)
+    assert all(torch.count_nonzero(b.attn.gk_proj[1].bias) == 0 for b in GLALM(preset("nano")).model.layers)
+    slow = GLALM(preset("nano", gate_bias_init_range=[2.0, 6.0]))
+    for block in slow.model.layers:
+        bias = block.attn.gk_proj[1].bias
+        assert 2.0 <= bias.min() and bias.max() <= 6.0 and bias.std() > 0.5
+    # Forget gates start closer to 1: sigmoid(bias)^(1/16) >= 0.992 instead of 0.958.
+    gate = torch.sigmoid(slow.model.layers[0].attn.gk_proj[1].bias) ** (1 / 16)
+    assert gate.min() > 0.99
+    # Not an fla field: never written to an official config.json, and an official config does not set it.
+    official = preset("nano", gate_bias_init_range=[2.0, 6.0]).to_official_json()
+    assert "gate_bias_init_range" not in official
+    assert GLAConfig.from_official_json({**official, "gate_bias_init_range": [1, 2]}).gate_bias_init_range is None
+    with pytest.raises(ValueError, match=r"gate_bias_init_range must be null or \[low, high\]"):
+        preset("nano", gate_bias_init_range=[3.0, 1.0])

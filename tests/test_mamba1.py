@@ -314,3 +314,19 @@ def test_save_load_round_trip_and_official_shapes(tmp_path):
     assert shapes["backbone.layers.0.mixer.dt_proj.weight"] == (1536, 48)
     assert shapes["backbone.layers.0.mixer.A_log"] == (1536, 16)
     assert 125e6 < big.num_parameters() < 135e6  # mamba-130m: 129M with the tied head counted once
+
+
+def test_A_initialisation_is_s4d_real_by_default_or_sampled_in_the_given_range():
+    torch.manual_seed(0)
+    s4d = Mamba1LM(preset("nano"))
+    A = s4d.backbone.layers[0].mixer.A_log.exp()
+    assert torch.allclose(A, torch.arange(1, A.shape[1] + 1, dtype=A.dtype).repeat(A.shape[0], 1))
+    slow = Mamba1LM(preset("nano", A_init_range=[0.001, 0.1], A_init_log_uniform=True))
+    A = slow.backbone.layers[0].mixer.A_log.exp()
+    assert 0.001 <= A.min() and A.max() <= 0.1 + 1e-7
+    assert (A.log10() < -2).float().mean().item() == pytest.approx(0.5, abs=0.1)  # log-uniform: half below 0.01
+    assert len(set(A.flatten().tolist())) > A.numel() // 2  # sampled per (channel, state), not per state
+    # The range is an initialisation choice, not part of the official config.json.
+    assert "A_init_range" not in json.dumps(preset("nano", A_init_range=[0.5, 2.0]).to_official_json())
+    with pytest.raises(ValueError, match=r"A_init_range must be null \(S4D-real\) or \[low, high\]"):
+        preset("nano", A_init_range=[0.1, 0.01])

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from recurlen.cli_args import check_key, schema_keys, suggest
-from recurlen.config import PRESETS
+from recurlen import arch as architectures
 from recurlen.experiment.schema import GROUPS, ExperimentConfig
 from recurlen.interventions import LAYOUT_FOR
 
@@ -157,12 +157,14 @@ def _experiment_file(root: Path, experiment: str, *, chain: tuple[str, ...]) -> 
 
 
 def _with_preset_arch(part: DictConfig) -> DictConfig:
-    """A model group file names its shape (recurlen.config.PRESETS, the one place shapes are written down);
+    """A model group file names its shape (its architecture's presets, the one place shapes are written down);
     `arch` in the file changes fields of that preset."""
     name = part.get("name")
-    if name not in PRESETS:
-        return part
-    arch = OmegaConf.merge(OmegaConf.create(dict(PRESETS[name])), part.get("arch") or {})
+    known = architectures.architectures().get(str(part.get("architecture", "mamba2"))) if name else None
+    if known is None or name not in known.model_names():
+        return part  # 'custom' or a bad name/architecture: the schema names the problem
+    preset = known.presets[name[len(known.prefix):] if known.prefix else name]
+    arch = OmegaConf.merge(OmegaConf.create(dict(preset)), part.get("arch") or {})
     return OmegaConf.merge(part, {"arch": arch})
 
 

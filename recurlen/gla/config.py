@@ -45,6 +45,10 @@ class GLAConfig:
     """Lower clamp on the log forget gates (None: no clamp)."""
     gate_logit_normalizer: float = 16.0
     """log forget gate = logsigmoid(gk_proj(x)) / gate_logit_normalizer."""
+    gate_bias_init_range: tuple[float, float] | None = None
+    """None: fla's zero bias of gk_proj's second layer (forget gates start near sigmoid(0)^(1/16) = 0.958, memories
+    of ~23 tokens). A range: that bias is sampled uniformly in it per key channel; a positive range makes the
+    gates start closer to 1 (slowly decaying memories). Only used when training from scratch."""
     gate_low_rank_dim: int = 16
     """gk_proj is a low-rank pair: hidden_size -> this -> key_dim."""
     norm_eps: float = 1e-6
@@ -56,6 +60,11 @@ class GLAConfig:
     """Chunk length of the pure-PyTorch scan (any value gives the same result; multiples of 16 are fastest)."""
 
     def __post_init__(self) -> None:
+        if self.gate_bias_init_range is not None:
+            self.gate_bias_init_range = tuple(float(a) for a in self.gate_bias_init_range)  # omegaconf gives lists
+            if len(self.gate_bias_init_range) != 2 or not self.gate_bias_init_range[0] <= self.gate_bias_init_range[1]:
+                raise ValueError("model config: gate_bias_init_range must be null or [low, high] with low <= high; "
+                                 f"got {self.gate_bias_init_range}")
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
         for name in ("hidden_size", "num_hidden_layers", "num_heads", "num_kv_heads", "hidden_ratio", "vocab_size",
@@ -129,7 +138,7 @@ class GLAConfig:
     # ------------------------------------------------------------------ official config.json
     def to_official_json(self) -> dict[str, Any]:
         """fla's GLAConfig as written by `save_pretrained` (model_type 'gla')."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("chunk_size",)}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RECURLEN_ONLY}
         d.update(model_type="gla", architectures=["GLAForCausalLM"], attn=None, attn_mode="chunk", feature_map=None,
                  use_gk=True, use_gv=False)
         return d
@@ -142,7 +151,7 @@ class GLAConfig:
         for key, want in refused.items():
             if cfg.get(key, want) != want:
                 raise ValueError(f"{source}: {key}={cfg[key]!r} is not supported (need {want!r})")
-        mapped = {f.name for f in fields(cls)} - {"chunk_size"}
+        mapped = {f.name for f in fields(cls)} - RECURLEN_ONLY
         kwargs = {k: v for k, v in cfg.items() if k in mapped}
         if "norm_eps" not in cfg and "rms_norm_eps" in cfg:  # older fla configs
             kwargs["norm_eps"] = cfg["rms_norm_eps"]
@@ -150,6 +159,10 @@ class GLAConfig:
             if name not in cfg:
                 raise ValueError(f"{source}: missing required key {name!r}")
         return cls(**kwargs)
+
+
+RECURLEN_ONLY = {"chunk_size", "gate_bias_init_range"}
+"""Fields that are not fla's: never written to nor read from an official config.json."""
 
 
 PRESETS: dict[str, dict[str, Any]] = {

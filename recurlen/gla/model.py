@@ -169,7 +169,8 @@ class GLALM(nn.Module):
     @torch.no_grad()
     def _init_weights(self) -> None:
         """fla's from-scratch init: N(0, initializer_range) linears and embedding, zero biases, the two residual
-        outputs per block (o_proj, down_proj) rescaled by 1/sqrt(2 K)."""
+        outputs per block (o_proj, down_proj) rescaled by 1/sqrt(2 K); the forget gates' bias from
+        gate_bias_init_range when set."""
         cfg = self.config
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv1d, nn.Embedding)):
@@ -180,6 +181,8 @@ class GLALM(nn.Module):
             for lin in (block.attn.o_proj, block.mlp.down_proj):
                 nn.init.kaiming_uniform_(lin.weight, a=math.sqrt(5))
                 lin.weight /= math.sqrt(2 * cfg.num_hidden_layers)
+            if cfg.gate_bias_init_range is not None:
+                block.attn.gk_proj[1].bias.uniform_(*cfg.gate_bias_init_range)
 
     @property
     def backend(self) -> str:

@@ -35,6 +35,11 @@ class Mamba1Config:
     """Rank of the dt projection; 'auto' = ceil(d_model / 16) (mamba-ssm default)."""
     chunk_size: int = 32
     """Time steps per chunk of the CPU scan. Any positive value gives the same result; it trades cache for calls."""
+    A_init_range: tuple[float, float] | None = None
+    """None: mamba-ssm's S4D-real initialisation, A[:, n] = -(n + 1) for every channel. A range: every
+    (channel, state) entry of A is sampled in it instead (slowly decaying memories need small values)."""
+    A_init_log_uniform: bool = False
+    """With A_init_range: sample log-uniformly instead of uniformly."""
     dt_min: float = 0.001
     """Initial dt is log-uniform in [dt_min, dt_max] (mamba-ssm default)."""
     dt_max: float = 0.1
@@ -51,6 +56,11 @@ class Mamba1Config:
     """Std of the embedding init when training from scratch."""
 
     def __post_init__(self) -> None:
+        if self.A_init_range is not None:
+            self.A_init_range = tuple(float(a) for a in self.A_init_range)  # omegaconf gives lists
+            if len(self.A_init_range) != 2 or not 0 < self.A_init_range[0] <= self.A_init_range[1]:
+                raise ValueError("model config: A_init_range must be null (S4D-real) or [low, high] with "
+                                 f"0 < low <= high; got {self.A_init_range}")
         if self.dt_rank == "auto":
             self.dt_rank = math.ceil(self.d_model / 16)
         for name in ("d_model", "n_layer", "vocab_size", "d_state", "d_conv", "expand", "dt_rank", "chunk_size",

@@ -54,7 +54,7 @@ class Mamba1Mixer(nn.Module):
 
     @torch.no_grad()
     def reset_ssm_parameters(self) -> None:
-        """mamba-ssm's Mamba-1 initialisation of dt_proj, A_log (S4D-real: A = -(1..N)) and D."""
+        """mamba-ssm's Mamba-1 initialisation of dt_proj, A_log (S4D-real: A = -(1..N), or A_init_range) and D."""
         cfg = self.cfg
         std = cfg.dt_rank**-0.5 * cfg.dt_scale
         nn.init.uniform_(self.dt_proj.weight, -std, std)
@@ -62,7 +62,15 @@ class Mamba1Mixer(nn.Module):
         dt = torch.exp(u * (math.log(cfg.dt_max) - math.log(cfg.dt_min)) + math.log(cfg.dt_min))
         dt = dt.clamp(min=cfg.dt_init_floor)
         self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
-        self.A_log.copy_(torch.log(torch.arange(1, cfg.d_state + 1, dtype=torch.float32)).repeat(cfg.d_inner, 1))
+        if cfg.A_init_range is None:
+            self.A_log.copy_(torch.log(torch.arange(1, cfg.d_state + 1, dtype=torch.float32)).repeat(cfg.d_inner, 1))
+        else:
+            lo, hi = cfg.A_init_range
+            if cfg.A_init_log_uniform:
+                A = torch.exp(torch.empty(cfg.d_inner, cfg.d_state).uniform_(math.log(lo), math.log(hi)))
+            else:
+                A = torch.empty(cfg.d_inner, cfg.d_state).uniform_(lo, hi)
+            self.A_log.copy_(torch.log(A))
         self.D.fill_(1.0)
 
     def _ssm_inputs(self, x_BLI: torch.Tensor):
