@@ -19,8 +19,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from recurlen.cli_args import check_key, schema_keys, suggest
 from recurlen import arch as architectures
+from recurlen.cli_args import check_key, schema_keys, suggest
 from recurlen.experiment.schema import GROUPS, ExperimentConfig
 from recurlen.interventions import LAYOUT_FOR
 
