@@ -155,12 +155,36 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
 
 
 def _stage_done(run_dir: Path, args: list[str], planned_steps: int) -> bool:
-    """Done = the marker records these arguments and the stage's checkpoint reached the planned step."""
+    """Done = the marker records these arguments and inputs (see stage_inputs) and the stage's checkpoint reached
+    the planned step."""
     marker = run_dir / DONE_MARKER
-    if not marker.is_file() or json.loads(marker.read_text()).get("args") != args:
+    if not marker.is_file():
+        return False
+    recorded = json.loads(marker.read_text())
+    if recorded.get("args") != args or recorded.get("inputs") != stage_inputs(args):
         return False
     step = checkpoint_step(RunDir(run_dir).last_checkpoint)
     return step is not None and step >= planned_steps
+
+
+def stage_inputs(args: list[str]) -> dict[str, str]:
+    """Fingerprints of what a stage's result depends on beyond its arguments: the experiment as composed now (an
+    edited experiment file changes it) and the checkpoint it starts from (a re-run pre-training changes it), so
+    that a finished stage is reused only while both are what it was trained from."""
+    import hashlib
+
+    from recurlen.experiment.compose import load_experiment
+
+    cfg = load_experiment(list(args))[0]
+    inputs = {"experiment": hashlib.sha256(OmegaConf.to_yaml(OmegaConf.structured(cfg)).encode()).hexdigest()[:16]}
+    start = Path(cfg.model.pretrained) if cfg.model.pretrained else None
+    if start is not None and start.is_file():
+        digest = hashlib.sha256()
+        with open(start, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        inputs["start"] = digest.hexdigest()[:16]
+    return inputs
 
 
 class _Stages:
@@ -229,7 +253,8 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
     if step is None or step < planned_steps:
         raise UserError(f"demo stage {name} exited 0 but its checkpoint is at step {step} of {planned_steps}; not "
                         f"marked done; run the demo again to continue it (log {log_path})")
-    write_json(run_dir / DONE_MARKER, {"args": args, "seconds": seconds, "global_step": step})
+    write_json(run_dir / DONE_MARKER, {"args": args, "inputs": stage_inputs(args), "seconds": seconds,
+                                       "global_step": step})
     return {"stage": name, "reused": False, "seconds": seconds, "steps": step}
 
 

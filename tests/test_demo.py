@@ -1,12 +1,14 @@
 """`make demo` end to end at toy size: every stage runs as a subprocess and every artefact is written."""
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from recurlen.demo import load_demo_config
+from recurlen.experiment.compose import experiments_dir
 
 QUICK = ["pretrain_steps=6", "posttrain_steps=3", "interventions=[none,state_passing,tbptt]",
          "overrides=[data.max_documents=60,data.val_length=128,data.val_sequences=2,"
@@ -109,6 +111,32 @@ def test_stage_done_only_when_its_checkpoint_reached_the_planned_step(tmp_path, 
     assert (run_dir / DONE_MARKER).is_file()
 
 
+def test_stage_is_not_reused_when_its_experiment_or_starting_checkpoint_changed(tmp_path, monkeypatch):
+    """The arguments alone would reuse stale stages: an edited experiment file, or a post-training whose base was
+    trained again (same path, other weights)."""
+    import torch
+
+    from recurlen.demo import _stage_done, run_stage
+
+    experiments = tmp_path / "experiments"
+    shutil.copytree(experiments_dir(), experiments)
+    monkeypatch.setenv("RECURLEN_EXPERIMENTS", str(experiments))
+    base = tmp_path / "base.ckpt"
+    torch.save({"global_step": 1, "weights": torch.zeros(3)}, base)
+    run_dir = tmp_path / "stage"
+    args = ["experiment=demo-posttrain", f"run_dir={run_dir}", f"model.pretrained={base}", "trainer.max_steps=10"]
+    _fake_stage(monkeypatch, writes_step=10, exit_code=0)
+    run_stage("post/none", run_dir, args, threads=1, planned_steps=10)
+    assert _stage_done(run_dir, args, 10)
+    torch.save({"global_step": 1, "weights": torch.ones(3)}, base)  # the base trained again
+    assert not _stage_done(run_dir, args, 10)
+    run_stage("post/none", run_dir, args, threads=1, planned_steps=10)
+    assert _stage_done(run_dir, args, 10)
+    path = experiments / "demo-posttrain.yaml"
+    path.write_text(path.read_text().replace("lr: 5.0e-4", "lr: 4.0e-4"))  # the experiment edited
+    assert not _stage_done(run_dir, args, 10)
+
+
 def test_stage_that_exits_0_short_of_its_steps_is_not_done(tmp_path, monkeypatch):
     from recurlen.demo import DONE_MARKER, run_stage
     from recurlen.errors import UserError
@@ -190,3 +218,20 @@ def test_report_setup_names_the_architecture_and_its_slow_initialisation(tmp_pat
     for part in describes:
         assert part in text, (part, text)
     assert "did NOT fail past T" in text
+
+
+@pytest.mark.slow  # ~1 min each: a pre-training, two post-trainings and the evaluation at toy size
+@pytest.mark.parametrize("arch,title", [("mamba1", "Mamba-1"), ("gla", "GLA")])
+def test_quick_demo_of_each_architecture_reports_its_checks(tmp_path, arch, title):
+    root, cache = tmp_path / "demo", tmp_path / "cache"
+    proc = run_demo_cli(root, cache, f"arch={arch}", "interventions=[none,state_passing]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((root / "results.json").read_text())
+    assert [r["label"] for r in results["runs"]] == ["base", "none", "state_passing"]
+    for run in results["runs"]:
+        assert run["architecture"] == arch and run["model"].startswith(title), run.get("model")
+        assert all(b["loss"] > 0 for b in run["positionwise"]["bins"]) and run["state"]["ssm_norm"]
+    checks = {c["check"] for c in results["checks"]}
+    assert "state_passing fixes it: full - reset <= +0.05 in every bin up to 8T" in checks, checks
+    report = (root / "report.md").read_text()
+    assert f"- Base: {title} (" in report and "Memories start slowly decaying" in report
