@@ -33,7 +33,7 @@ from recurlen import arch
 from recurlen.checkpoint import load_error
 from recurlen.errors import UserError
 from recurlen.files import remove_stale_temporaries, write_text
-from recurlen.runs import DAMAGED_SUFFIX, RUN_META_KEY, RunDir
+from recurlen.runs import DAMAGED_SUFFIX, RUN_META_KEY, RunDir, checkpoint_step
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +288,8 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
     step = int(ckpt["global_step"])
     decision = Decision(checkpoint=str(chosen), loaded=ckpt, step=step, changed=changed, moved_aside=moved,
                         finished=step >= max_steps)
+    if explicit and rank == 0 and not decision.finished:
+        decision.archived_to = _archive_later_checkpoints(run, chosen, step)
     if rank == 0:
         if decision.finished:
             log.info("%s is at step %d, trainer.max_steps=%d: nothing to train%s", chosen, step, max_steps,
@@ -296,6 +298,33 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
         elif changed:
             log.info("resuming %s at step %d with changed settings: %s", chosen, step, "; ".join(map(str, changed)))
     return decision
+
+
+def _archive_stamp(run: RunDir, prefix: str = "") -> Path:
+    stamp = prefix + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    target = run.archive / stamp
+    n = 1
+    while target.exists():
+        target = run.archive / f"{stamp}-{n}"
+        n += 1
+    return target
+
+
+def _archive_later_checkpoints(run: RunDir, chosen: Path, step: int) -> str | None:
+    """A roll-back (resume= an older checkpoint of this run): the checkpoints past it belong to the abandoned line
+    and would otherwise win the next automatic resume (candidates are ordered by step). They are moved, not
+    deleted, to archive/rollback-<time>/."""
+    later = [p for p in run.checkpoint_candidates()
+             if p.resolve() != chosen.resolve() and (checkpoint_step(p) or -1) > step]
+    if not later:
+        return None
+    target = _archive_stamp(run, "rollback-")
+    target.mkdir(parents=True)
+    for path in later:
+        shutil.move(str(path), str(target / path.name))
+    log.info("rolled back to %s (step %d): the later checkpoints (%s) moved to %s", chosen.name, step,
+             ", ".join(p.name for p in later), target)
+    return str(target)
 
 
 def _fresh(run: RunDir, resume: str, rank: int) -> Decision:
@@ -307,12 +336,7 @@ def _fresh(run: RunDir, resume: str, rank: int) -> Decision:
         raise UserError(f"resume=never but {run.path} already holds a run ({names}); add resume=archive to move it "
                         f"to {run.archive}/<time>/ and start over, choose another run_dir, or resume=auto to continue "
                         "it")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    target = run.archive / stamp
-    n = 1
-    while target.exists():
-        target = run.archive / f"{stamp}-{n}"
-        n += 1
+    target = _archive_stamp(run)
     target.mkdir(parents=True)
     for path in found:
         shutil.move(str(path), str(target / path.name))
@@ -330,10 +354,12 @@ def record(run: RunDir, resolved: dict, decision: Decision) -> None:
         entry["event"] = "start"
         if decision.archived_to:
             entry["archived_earlier_run_to"] = decision.archived_to
-    elif decision.changed or decision.moved_aside:
+    elif decision.changed or decision.moved_aside or decision.archived_to:
         entry.update(event="resume", step=decision.step, checkpoint=decision.checkpoint)
         if decision.changed:
             entry["changed"] = {d.key: {"from": d.old, "to": d.new} for d in decision.changed}
+        if decision.archived_to:
+            entry["rolled_back_later_checkpoints_to"] = decision.archived_to
     else:
         entry = {}
     if decision.moved_aside:

@@ -93,14 +93,21 @@ class RunDir:
         return self.last_checkpoint.is_file()
 
     def checkpoint_candidates(self) -> list[Path]:
-        """Every checkpoint a resume could start from, newest first (last.ckpt first among equally new files)."""
+        """Every checkpoint a resume could start from, the furthest trained first: by the step each holds (read
+        memory-mapped), then by time, last.ckpt first among equals. Files whose step cannot be read come first,
+        so that a resume examines them and moves them aside as damaged. By step, not by time: a copied or
+        restored run directory gives every file the copy's time, which would resume from an older checkpoint.
+        (A deliberate roll-back to an older checkpoint moves the later ones to the archive, see resume.py, so
+        the directory holds one line of checkpoints.)"""
         found = list(self.checkpoints.glob("*.ckpt")) + list(self.path.glob(PREEMPTION_GLOB))
         stamped = []
         for p in found:
             try:
-                stamped.append((p.stat().st_mtime, p.name == LAST_CHECKPOINT, p.name, p))
+                mtime = p.stat().st_mtime
             except FileNotFoundError:  # moved aside by another rank meanwhile
                 continue
+            step = checkpoint_step(p)
+            stamped.append((step is None, -1 if step is None else step, mtime, p.name == LAST_CHECKPOINT, p.name, p))
         return [p for *_, p in sorted(stamped, reverse=True)]
 
     def damaged_checkpoints(self) -> list[Path]:

@@ -5,6 +5,7 @@ import logging
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,3 +313,31 @@ def test_devices_this_machine_lacks_are_one_line_errors():
 def test_a_checkpoint_written_now_has_every_key_validation_asks_for(trained):
     ckpt = validate_checkpoint(RunDir(trained).last_checkpoint)
     assert ckpt[RUN_META_KEY]["intervention"] == "state_passing"
+
+
+def test_a_copied_run_resumes_from_its_furthest_checkpoint_whatever_the_file_times(run_copy, cache_dir):
+    """cp -r / a restore gives every file the copy's time; the step each holds decides."""
+    cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6")
+    run = RunDir(run_copy)
+    now = time.time()
+    for i, name in enumerate(["last.ckpt", "step=000004.ckpt", "step=000002.ckpt"]):  # the oldest looks newest
+        os.utime(run.checkpoints / name, (now + i, now + i))
+    decision = decide(run, "auto", resolved_config(cfg), model_of(cfg), max_steps=6)
+    assert decision.step == 4 and Path(decision.checkpoint).name in ("last.ckpt", "step=000004.ckpt")
+
+
+def test_a_roll_back_archives_the_later_checkpoints_so_the_next_resume_stays_on_the_new_line(run_copy, cache_dir,
+                                                                                           caplog):
+    cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6")
+    run = RunDir(run_copy)
+    older = run.checkpoints / "step=000002.ckpt"
+    with caplog.at_level(logging.INFO, logger="recurlen.resume"):
+        decision = decide(run, str(older), resolved_config(cfg), model_of(cfg), max_steps=6)
+    assert decision.step == 2 and decision.archived_to
+    archived = Path(decision.archived_to)
+    assert archived.parent == run.archive and archived.name.startswith("rollback-")
+    assert sorted(p.name for p in archived.iterdir()) == ["last.ckpt", "step=000004.ckpt"]  # moved, not deleted
+    assert [p.name for p in run.checkpoint_candidates()] == ["step=000002.ckpt"]
+    assert any("rolled back to step=000002.ckpt" in r.getMessage() for r in caplog.records)
+    record(run, resolved_config(cfg), decision)
+    assert "rolled_back_later_checkpoints_to" in run.history_file.read_text()
