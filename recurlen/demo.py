@@ -154,14 +154,14 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
     return lines
 
 
-def _stage_done(run_dir: Path, args: list[str], planned_steps: int) -> bool:
-    """Done = the marker records these arguments and inputs (see stage_inputs) and the stage's checkpoint reached
-    the planned step."""
+def _stage_done(run_dir: Path, args: list[str], planned_steps: int, inputs: dict[str, str] | None = None) -> bool:
+    """Done = the marker records these arguments and inputs (stage_inputs(args), computed here unless given) and
+    the stage's checkpoint reached the planned step."""
     marker = run_dir / DONE_MARKER
     if not marker.is_file():
         return False
     recorded = json.loads(marker.read_text())
-    if recorded.get("args") != args or recorded.get("inputs") != stage_inputs(args):
+    if recorded.get("args") != args or recorded.get("inputs") != (inputs or stage_inputs(args)):
         return False
     step = checkpoint_step(RunDir(run_dir).last_checkpoint)
     return step is not None and step >= planned_steps
@@ -214,7 +214,8 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
     line) and every update is passed to on_step(step, max_steps), so the demo's own bar can show it.
     The stage is marked done only when its checkpoint holds `planned_steps` steps."""
     last = RunDir(run_dir).last_checkpoint
-    if _stage_done(run_dir, args, planned_steps):
+    inputs = stage_inputs(args)  # what the stage starts from: checked now, recorded when it is done
+    if _stage_done(run_dir, args, planned_steps, inputs):
         return {"stage": name, "reused": True, "seconds": 0.0, "steps": checkpoint_step(last)}
     if _STAGES.stopped_on is not None:  # the demo was asked to stop before this stage began
         raise Interrupted(_STAGES.stopped_on, step=checkpoint_step(last) or 0, checkpoint=None)
@@ -253,8 +254,7 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
     if step is None or step < planned_steps:
         raise UserError(f"demo stage {name} exited 0 but its checkpoint is at step {step} of {planned_steps}; not "
                         f"marked done; run the demo again to continue it (log {log_path})")
-    write_json(run_dir / DONE_MARKER, {"args": args, "inputs": stage_inputs(args), "seconds": seconds,
-                                       "global_step": step})
+    write_json(run_dir / DONE_MARKER, {"args": args, "inputs": inputs, "seconds": seconds, "global_step": step})
     return {"stage": name, "reused": False, "seconds": seconds, "steps": step}
 
 

@@ -31,6 +31,15 @@ from recurlen.ssd import ssd_chunked, ssd_step, up
 from recurlen.state import RecurrentState
 
 
+def sample_A(shape, A_init_range: tuple[float, float], *, log_uniform: bool) -> torch.Tensor:
+    """Decay rates A (positive; the model uses -A) sampled in A_init_range, uniformly or log-uniformly (Mamba-2's
+    heads and Mamba-1's A_init_range option share it)."""
+    lo, hi = A_init_range
+    if log_uniform:
+        return torch.exp(torch.empty(shape).uniform_(math.log(lo), math.log(hi)))
+    return torch.empty(shape).uniform_(lo, hi)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -137,12 +146,7 @@ class Mamba2Mixer(nn.Module):
         dt = torch.exp(u * (math.log(cfg.dt_max) - math.log(cfg.dt_min)) + math.log(cfg.dt_min))
         dt = dt.clamp(min=cfg.dt_init_floor)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
-        lo, hi = cfg.A_init_range
-        if cfg.A_init_log_uniform:
-            A = torch.exp(torch.empty(cfg.nheads).uniform_(math.log(lo), math.log(hi)))
-        else:
-            A = torch.empty(cfg.nheads).uniform_(lo, hi)
-        self.A_log.copy_(torch.log(A))
+        self.A_log.copy_(torch.log(sample_A(cfg.nheads, cfg.A_init_range, log_uniform=cfg.A_init_log_uniform)))
         self.D.fill_(1.0)
 
     def _split(self, zxbcdt: torch.Tensor):

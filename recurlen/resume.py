@@ -33,7 +33,7 @@ from recurlen import arch
 from recurlen.checkpoint import load_error
 from recurlen.errors import UserError
 from recurlen.files import remove_stale_temporaries, write_text
-from recurlen.runs import DAMAGED_SUFFIX, RUN_META_KEY, RunDir, checkpoint_step
+from recurlen.runs import DAMAGED_SUFFIX, RUN_META_KEY, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -314,8 +314,7 @@ def _archive_later_checkpoints(run: RunDir, chosen: Path, step: int) -> str | No
     """A roll-back (resume= an older checkpoint of this run): the checkpoints past it belong to the abandoned line
     and would otherwise win the next automatic resume (candidates are ordered by step). They are moved, not
     deleted, to archive/rollback-<time>/."""
-    later = [p for p in run.checkpoint_candidates()
-             if p.resolve() != chosen.resolve() and (checkpoint_step(p) or -1) > step]
+    later = [p for p, held in run.checkpoint_steps() if p.resolve() != chosen.resolve() and (held or -1) > step]
     if not later:
         return None
     target = _archive_stamp(run, "rollback-")

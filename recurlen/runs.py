@@ -99,6 +99,10 @@ class RunDir:
         restored run directory gives every file the copy's time, which would resume from an older checkpoint.
         (A deliberate roll-back to an older checkpoint moves the later ones to the archive, see resume.py, so
         the directory holds one line of checkpoints.)"""
+        return [path for path, _ in self.checkpoint_steps()]
+
+    def checkpoint_steps(self) -> list[tuple[Path, int | None]]:
+        """checkpoint_candidates() with the step each holds (None: unreadable)."""
         found = list(self.checkpoints.glob("*.ckpt")) + list(self.path.glob(PREEMPTION_GLOB))
         stamped = []
         for p in found:
@@ -107,8 +111,9 @@ class RunDir:
             except FileNotFoundError:  # moved aside by another rank meanwhile
                 continue
             step = checkpoint_step(p)
-            stamped.append((step is None, -1 if step is None else step, mtime, p.name == LAST_CHECKPOINT, p.name, p))
-        return [p for *_, p in sorted(stamped, reverse=True)]
+            stamped.append((step is None, -1 if step is None else step, mtime, p.name == LAST_CHECKPOINT, p.name,
+                            (p, step)))
+        return [entry for *_, entry in sorted(stamped, reverse=True)]
 
     def damaged_checkpoints(self) -> list[Path]:
         """Checkpoints moved aside as damaged by an earlier resume."""

@@ -31,7 +31,7 @@ from recurlen.mamba1 import kernels
 from recurlen.mamba1.config import Mamba1Config
 from recurlen.mamba1.scan import selective_scan_chunked, selective_scan_step
 from recurlen.mamba1.state import Mamba1State
-from recurlen.model import RMSNorm, causal_conv
+from recurlen.model import RMSNorm, causal_conv, sample_A
 from recurlen.ssd import up
 
 
@@ -65,11 +65,7 @@ class Mamba1Mixer(nn.Module):
         if cfg.A_init_range is None:
             self.A_log.copy_(torch.log(torch.arange(1, cfg.d_state + 1, dtype=torch.float32)).repeat(cfg.d_inner, 1))
         else:
-            lo, hi = cfg.A_init_range
-            if cfg.A_init_log_uniform:
-                A = torch.exp(torch.empty(cfg.d_inner, cfg.d_state).uniform_(math.log(lo), math.log(hi)))
-            else:
-                A = torch.empty(cfg.d_inner, cfg.d_state).uniform_(lo, hi)
+            A = sample_A((cfg.d_inner, cfg.d_state), cfg.A_init_range, log_uniform=cfg.A_init_log_uniform)
             self.A_log.copy_(torch.log(A))
         self.D.fill_(1.0)
 
