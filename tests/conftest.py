@@ -120,3 +120,37 @@ def fla_interpreter(triton_cpu):
         pytest.fail(f"flash-linear-attention's chunk_gla does not import ({why}); make test-kernels installs it")
     yield
     kernels._chunk_gla.cache_clear()
+
+
+@pytest.fixture
+def split_equals_one_call():
+    """The kernel tiers' split-invariance check, for any architecture: the LM run by the kernel backend on `ids`
+    in one call and in pieces cut at `cuts` (the state carried between pieces) gives the same logits as that one
+    call and as one call of the torch backend, and the same final state: every part in `part_tols` (name ->
+    tolerance) against the kernel's one call, the recurrent part also against the torch backend's."""
+
+    def close(got, ref, tol, what):
+        assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+        if ref.numel() == 0:  # e.g. the conv state of a GLA without short convs
+            return
+        scale = float(ref.abs().max().clamp_min(1e-6))
+        err = float((got.float() - ref.float()).abs().max())
+        assert err <= tol * scale, f"{what}: max |got - ref| = {err:.3g}, > {tol:g} x {scale:.3g}"
+
+    def check(model, ids, init, *, cuts, part_tols: dict[str, float], recurrent: str, logits_tol: float = 1e-5):
+        with torch.no_grad():
+            ref_logits, ref_final = model(ids, init, backend="torch")
+            full_logits, full_final = model(ids, init, backend="kernel")
+            pieces, state = [], init
+            for start, end in zip((0, *cuts), (*cuts, ids.shape[1])):
+                logits, state = model(ids[:, start:end], state, backend="kernel")
+                pieces.append(logits)
+        split_logits = torch.cat(pieces, dim=1)
+        close(split_logits, full_logits, logits_tol, "logits, split vs one call (kernel)")
+        close(split_logits, ref_logits, logits_tol, "logits, split kernel vs one call torch")
+        for part, tol in part_tols.items():
+            close(getattr(state, part), getattr(full_final, part), tol, f"final {part} state, split vs one call")
+        close(getattr(state, recurrent), getattr(ref_final, recurrent), part_tols[recurrent],
+              f"final {recurrent} state, split kernel vs torch")
+
+    return check

@@ -85,23 +85,12 @@ def test_logits_state_and_every_gradient_match(short_conv, kv_groups):
         close(grads[name], ref, 1e-5, f"gradient of {name}")
 
 
-def test_split_with_carried_state_equals_one_call():
+def test_split_with_carried_state_equals_one_call(split_equals_one_call):
     model = make_model(short_conv=True)
     ids = torch.randint(0, 257, (2, LENGTH), generator=torch.Generator().manual_seed(3))
-    init = noise_state(model, 2, seed=4)
-    with torch.no_grad():
-        ref_logits, ref_final = model(ids, init, backend="torch")
-        full_logits, full_final = model(ids, init, backend="kernel")
-        # a cut inside the first chunk, a one-token call, and a remainder across fla's chunk boundary
-        a, state = model(ids[:, :20], init, backend="kernel")
-        b, state = model(ids[:, 20:21], state, backend="kernel")
-        c, state = model(ids[:, 21:], state, backend="kernel")
-    split_logits = torch.cat([a, b, c], dim=1)
-    close(split_logits, full_logits, 1e-5, "split vs one call (kernel)")
-    close(split_logits, ref_logits, 1e-5, "split kernel vs one call torch")
-    close(state.kv, full_final.kv, 1e-5, "final kv state, split vs one call")
-    close(state.conv, full_final.conv, 1e-6, "final conv state, split vs one call")
-    close(state.kv, ref_final.kv, 1e-5, "final kv state, split kernel vs torch")
+    # a cut inside the first chunk, a one-token call, and a remainder across fla's chunk boundary
+    split_equals_one_call(model, ids, noise_state(model, 2, seed=4), cuts=(20, 21),
+                          part_tols={"kv": 1e-5, "conv": 1e-6}, recurrent="kv")
 
 
 @pytest.mark.parametrize("intervention", ["state_passing", "tbptt"])
