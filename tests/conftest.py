@@ -96,17 +96,23 @@ def triton_cpu():
     patch.undo()
 
 
+def _imported_afresh(loader, what: str):
+    """Clears a kernel library's cached loader so that it imports the library now, under the interpreter, fails the
+    test with the loader's reason if it does not import, and clears the cache again after the session."""
+    loader.cache_clear()
+    found, why = loader()
+    if found is None:
+        pytest.fail(f"{what} does not import ({why}); make test-kernels installs it")
+    yield
+    loader.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def triton_interpreter(triton_cpu):
     """mamba-ssm's real Triton kernels under the interpreter (a Python-only mamba-ssm build)."""
     from recurlen import kernels
 
-    kernels._mamba_kernels.cache_clear()
-    fns, why = kernels._mamba_kernels()
-    if fns is None:
-        pytest.fail(f"mamba-ssm's Triton kernels do not import ({why}); make test-kernels installs them")
-    yield
-    kernels._mamba_kernels.cache_clear()
+    yield from _imported_afresh(kernels._mamba_kernels, "mamba-ssm (its Triton kernels)")
 
 
 @pytest.fixture(scope="session")
@@ -114,12 +120,7 @@ def fla_interpreter(triton_cpu):
     """flash-linear-attention's real chunked GLA kernel under the interpreter (fla-core, its ops package)."""
     from recurlen.gla import kernels
 
-    kernels._chunk_gla.cache_clear()
-    fn, why = kernels._chunk_gla()
-    if fn is None:
-        pytest.fail(f"flash-linear-attention's chunk_gla does not import ({why}); make test-kernels installs it")
-    yield
-    kernels._chunk_gla.cache_clear()
+    yield from _imported_afresh(kernels._chunk_gla, "flash-linear-attention's chunk_gla")
 
 
 @pytest.fixture
