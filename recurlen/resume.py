@@ -1,10 +1,10 @@
 """Whether and how a run continues: the resume decision, made before anything in the run directory changes.
 
 `run_finetune` asks `decide` before it writes anything. The decision
-  - picks the checkpoint: with resume=auto the newest one that is intact, i.e. that loads with
-    weights_only=True (and passes its zip CRC checks, so a flipped bit is caught), has the keys recurlen
-    writes, holds only finite weights, and fits the model being trained. A damaged one is renamed aside
-    (`last.ckpt.damaged`, never deleted) with one warning, and the next newest is tried; when every one is
+  - picks the checkpoint: with resume=auto the furthest-trained one (by the step it holds) that is intact,
+    i.e. that loads with weights_only=True (and passes its zip CRC checks, so a flipped bit is caught), has the
+    keys recurlen writes, holds only finite weights, and fits the model being trained. A damaged one is renamed aside
+    (`last.ckpt.damaged`, never deleted) with one warning, and the next furthest is tried; when every one is
     damaged the run stops with one error instead of silently starting over;
   - compares the settings asked for with the ones the checkpoint's run used (its hyperparameters). A FIXED
     setting (the model, the intervention and its settings, the data and its lanes, the seed) defines what the
@@ -206,7 +206,7 @@ def move_aside(path: Path) -> Path:
 
 
 def newest_finite_checkpoint(run: RunDir) -> tuple[str, int] | None:
-    """(path, global step) of the newest checkpoint of the run that loads and holds only finite weights."""
+    """(path, global step) of the furthest-trained checkpoint of the run that loads and holds only finite weights."""
     for path in run.checkpoint_candidates():
         try:
             ckpt = validate_checkpoint(path)
@@ -265,8 +265,8 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
             if rank == 0 and path.exists():
                 target = move_aside(path)
                 moved.append(str(target))
-                log.warning("checkpoint %s %s: moved aside to %s; trying the next newest checkpoint", path, why,
-                            target.name)
+                log.warning("checkpoint %s %s: moved aside to %s; trying the next furthest-trained checkpoint", path,
+                            why, target.name)
             continue
         except ModelMismatch as err:
             raise UserError(f"{err}: the model is fixed for a run; {_new_run_hint(run)}") from None

@@ -127,8 +127,8 @@ class RunDir:
         return out + sorted(self.path.glob(PREEMPTION_GLOB))
 
     def resume_checkpoint(self, resume: str) -> str | None:
-        """'never' / 'archive' -> None; a .ckpt path as is; 'auto' -> the newest checkpoint of this run, None if it
-        has none (whether it is intact is recurlen.resume's business)."""
+        """'never' / 'archive' -> None; a .ckpt path as is; 'auto' -> the furthest-trained checkpoint of this run,
+        None if it has none (whether it is intact is recurlen.resume's business)."""
         check_resume(resume)
         if resume in ("never", "archive"):
             return None
