@@ -57,7 +57,7 @@ $(KERNELS_STAMP): $(STAMP)
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
 
 demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (ARCH=mamba1|gla: runs/demo-ARCH)
-	$(PY) -m recurlen.cli demo $(if $(ARCH),arch=$(ARCH)) $(ARGS)
+	$(PY) -m recurlen demo $(if $(ARCH),arch=$(ARCH)) $(ARGS)
 
 test: $(STAMP) ## run the default (CPU) test suite
 	$(PY) -m pytest -q
@@ -78,29 +78,29 @@ lint: $(STAMP) ## ruff over the whole project
 	$(PY) -m ruff check recurlen callbacks tests benchmarks
 
 finetune: $(STAMP) ## post-train: MODEL= INTERVENTION= [DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS=]
-	$(PY) -m recurlen.cli finetune $(FINETUNE_ARGS)
+	$(PY) -m recurlen finetune $(FINETUNE_ARGS)
 
 fit-noise: $(STAMP) ## fit fitted-noise statistics: MODEL= [DATA= ARGS=]
-	$(PY) -m recurlen.cli fit-noise model=$(MODEL) intervention=fitted_noise $(if $(DATA),data=$(DATA)) $(ARGS)
+	$(PY) -m recurlen fit-noise model=$(MODEL) intervention=fitted_noise $(if $(DATA),data=$(DATA)) $(ARGS)
 
 eval: $(STAMP) ## evaluate RUNS="dir dir ..." to OUT= (position-wise, reset control, state norms, EffRem)
-	$(PY) -m recurlen.cli eval $(RUNS) --out $(OUT) $(ARGS)
-	$(PY) -m recurlen.cli report $(OUT) --out $(OUT)
+	$(PY) -m recurlen eval $(RUNS) --out $(OUT) $(ARGS)
+	$(PY) -m recurlen report $(OUT) --out $(OUT)
 
 passkey: $(STAMP) ## passkey retrieval per intervention (experiments/passkey.yaml) [ARGS='intervention=... task.lengths=[...]']
-	$(PY) -m recurlen.cli passkey $(ARGS)
+	$(PY) -m recurlen passkey $(ARGS)
 
 babilong: $(STAMP) ## BABILong accuracy by context length (experiments/babilong.yaml) [ARGS=...]
-	$(PY) -m recurlen.cli babilong $(ARGS)
+	$(PY) -m recurlen babilong $(ARGS)
 
 copying: $(STAMP) ## synthetic copying beyond the training length (experiments/copying.yaml) [ARGS=...]
-	$(PY) -m recurlen.cli copying $(ARGS)
+	$(PY) -m recurlen copying $(ARGS)
 
 tensorboard: $(STAMP) ## TensorBoard over every run under runs/
 	$(VENV)/bin/tensorboard --logdir runs
 
 generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) or ARGS='--checkpoint runs/x'
-	$(PY) -m recurlen.cli generate $(if $(ARGS),$(ARGS),model=$(MODEL))
+	$(PY) -m recurlen generate $(if $(ARGS),$(ARGS),model=$(MODEL))
 
 bench: $(STAMP) ## run the CPU benchmark scripts (quick settings)
 	for b in $(filter-out benchmarks/bench_gpu.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(PY) $$b --quick || exit 1; done

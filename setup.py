@@ -1,10 +1,15 @@
-"""Ships experiments/ inside the package (recurlen/experiments in a wheel), so that an installed recurlen
-finds its experiment files without a source checkout; everything else is in pyproject.toml."""
+"""What pyproject.toml cannot say: the packages, and experiments/ shipped inside the package.
+
+- The repository's top-level callbacks/ folder is installed as recurlen.callbacks: the wheel holds one top-level
+  package, recurlen, and never a generic `callbacks` that could clash with another distribution's.
+- experiments/ ships inside the package (recurlen/experiments in a wheel), so that an installed recurlen finds
+  its experiment files without a source checkout.
+Everything else is in pyproject.toml."""
 
 import shutil
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 
@@ -20,4 +25,8 @@ class BuildPyWithExperiments(build_py):
                                                                     and not (Path(_dir) / n).is_dir()])
 
 
-setup(cmdclass={"build_py": BuildPyWithExperiments})
+setup(
+    packages=[*find_packages(include=["recurlen", "recurlen.*"]), "recurlen.callbacks"],
+    package_dir={"recurlen.callbacks": "callbacks"},
+    cmdclass={"build_py": BuildPyWithExperiments},
+)

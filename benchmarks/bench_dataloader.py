@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import recurlen
-from recurlen.data import DataConfig, RecurlenDataModule
+from recurlen.training.data import DataConfig, RecurlenDataModule
 
 
 def loader_tokens_per_s(dm: RecurlenDataModule, steps: int) -> float:

@@ -34,7 +34,7 @@ def worker(mode: str, tokens: int, threads: int | None) -> dict:
     import torch.nn.functional as F
 
     from recurlen import Mamba2LM, preset
-    from recurlen.eval.positionwise import evaluate_positionwise
+    from recurlen.diagnostics.positionwise import evaluate_positionwise
 
     if threads:
         torch.set_num_threads(threads)
@@ -95,9 +95,9 @@ def bench_effrem(threads: int | None, context_len: int = 4096) -> None:
     import torch
 
     from recurlen import Mamba2LM, preset
-    from recurlen.eval.effrem import default_t_grid, effrem_batch, suffix_tokens
-    from recurlen.eval.positionwise import score_positions
-    from recurlen.generation import prefill
+    from recurlen.diagnostics.effrem import default_t_grid, effrem_batch, suffix_tokens
+    from recurlen.diagnostics.positionwise import score_positions
+    from recurlen.evaluation.generation import prefill
 
     if threads:
         torch.set_num_threads(threads)

@@ -42,7 +42,7 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     from recurlen import Mamba2LM, preset
-    from recurlen.eval.positionwise import evaluate_positionwise
+    from recurlen.diagnostics.positionwise import evaluate_positionwise
 
     _common.set_threads(args.threads)
     torch.manual_seed(0)

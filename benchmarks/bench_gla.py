@@ -24,8 +24,8 @@ import _common
 import torch
 from bench_train_step import Timing, make_train_step
 
-from recurlen.gla import GLALM, preset
-from recurlen.gla.scan import SUB
+from recurlen.models.gla import GLALM, preset
+from recurlen.models.gla.scan import SUB
 
 SHAPES = {
     # name: (config, batch, length, target fraction of peak)

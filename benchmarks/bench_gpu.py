@@ -20,7 +20,7 @@ import time
 import torch
 
 from recurlen import Mamba2LM, RecurrentState, preset
-from recurlen.kernels import _mamba_kernels, kernels_available
+from recurlen.models.mamba2.kernels import _mamba_kernels, kernels_available
 
 AGREE_TOL = 2e-3  # relative to the largest reference value; the float32 GPU tests use the same tolerance
 

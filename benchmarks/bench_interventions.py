@@ -16,10 +16,10 @@ import time
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.data import DataConfig, RecurlenDataModule
-from recurlen.interventions import INTERVENTIONS, LAYOUT_FOR, InterventionConfig
-from recurlen.lit_module import RecurlenModule
-from recurlen.optim import OptimConfig, build_optimizer
+from recurlen.training.data import DataConfig, RecurlenDataModule
+from recurlen.training.interventions import INTERVENTIONS, LAYOUT_FOR, InterventionConfig
+from recurlen.training.lit_module import RecurlenModule
+from recurlen.training.optim import OptimConfig, build_optimizer
 
 
 def make(name: str, args, fitted) -> tuple[RecurlenModule, RecurlenDataModule, torch.optim.Optimizer]:
@@ -61,7 +61,7 @@ def main() -> None:
     # self.log is a no-op outside a Trainer, which is what we want to time: the intervention's own cost.
     RecurlenModule.log = lambda *a, **k: None
 
-    from recurlen.interventions import FittedNoiseStats
+    from recurlen.training.interventions import FittedNoiseStats
 
     cfg = preset(args.model)
     fitted = FittedNoiseStats(torch.zeros(cfg.n_layer, cfg.nheads), torch.ones(cfg.n_layer, cfg.nheads) * 0.1)

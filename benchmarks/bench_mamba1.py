@@ -23,7 +23,7 @@ import _common
 import torch
 from bench_train_step import Timing, make_train_step
 
-from recurlen.mamba1 import Mamba1LM, preset
+from recurlen.models.mamba1 import Mamba1LM, preset
 
 SHAPES = {
     # name: (config, batch, length, quick length, target ratio recurlen / transformers)

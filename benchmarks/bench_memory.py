@@ -43,7 +43,7 @@ import _common
 import torch
 import torch.nn.functional as F
 
-from recurlen.arch import architectures
+from recurlen.models.registry import architectures
 
 TARGET_RATIO = 1.25
 METHODS = ("rss", "rss-mmap", "tensors")

@@ -284,7 +284,7 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=None, help="override the SSD chunk size (both models)")
     parser.add_argument("--adamw", choices=sorted(ADAMW_IMPLS), default="fused",
                         help="torch.optim.AdamW implementation, the same for both models (default: fused; "
-                             "'default' is torch's choice, the for-loop on CPU, as recurlen.optim builds it)")
+                             "'default' is torch's choice, the for-loop on CPU, as recurlen.training.optim builds it)")
     parser.add_argument("--peak-size", type=int, default=2048, help="matmul size for the float32 peak")
     parser.add_argument("--no-check", action="store_true", help="skip the same-function check")
     parser.add_argument("--seed", type=int, default=0)

@@ -79,11 +79,12 @@ def mixer_vs_mamba_ssm(batch: int, length: int, repeats: int) -> dict:
     """One Mamba-2 mixer at the 130m shape, forward + backward in bf16 autocast: recurlen vs mamba-ssm."""
     from mamba_ssm.modules.mamba2 import Mamba2
 
-    from recurlen import kernels, preset
-    from recurlen.model import Mamba2Mixer
+    from recurlen import preset
+    from recurlen.models import causal_conv
+    from recurlen.models.mamba2.model import Mamba2Mixer
 
     cfg = preset("130m")
-    has_conv = kernels._causal_conv1d() is not None
+    has_conv = causal_conv._causal_conv1d() is not None
     torch.manual_seed(0)
     ours = Mamba2Mixer(cfg).cuda()
     # use_mem_eff_path (mamba-ssm's default, the fused conv + scan) needs causal-conv1d; without it mamba-ssm
@@ -139,7 +140,7 @@ def write_corpus(directory: Path, *, documents: int, words_per_doc: int) -> Path
 def finetune_cmd(checkpoint: Path, corpus: Path, run_dir: Path, intervention: str, *, steps: int, batch: int,
                  devices: int = 1, strategy: str | None = None) -> list[str]:
     # `make finetune MODEL=130m INTERVENTION=<i> STEPS=<n> GPUS=<d>` with the local checkpoint and corpus.
-    cmd = [sys.executable, "-m", "recurlen.cli", "finetune", "model=130m", f"intervention={intervention}",
+    cmd = [sys.executable, "-m", "recurlen", "finetune", "model=130m", f"intervention={intervention}",
            f"trainer.max_steps={steps}", f"model.pretrained={checkpoint}", "model.backend=kernel",
            f"data.source={corpus}", "data.tokenizer=bytes", "data.streaming=false", "data.num_proc=null",
            "data.max_documents=null", "data.seq_len=2048", f"data.batch_size={batch}", "data.val_fraction=0.2",
@@ -184,7 +185,7 @@ def main() -> int:
         print(f"gpu-check: {summary['error']}. Run it on a machine with an NVIDIA GPU: make gpu-check",
               file=sys.stderr)
         return 2
-    from recurlen.kernels import _mamba_kernels
+    from recurlen.models.mamba2.kernels import _mamba_kernels
 
     fns, why = _mamba_kernels()
     if fns is None:
@@ -280,7 +281,7 @@ def main() -> int:
     # 5. chunked evaluation of one long sequence
     def evaluate() -> dict:
         run_dir = tmp / "runs" / "tbptt"
-        res = run_command([sys.executable, "-m", "recurlen.cli", "eval", f"tbptt={run_dir}", f"seq_len={args.eval_len}",
+        res = run_command([sys.executable, "-m", "recurlen", "eval", f"tbptt={run_dir}", f"seq_len={args.eval_len}",
                            "num_sequences=1", "batch_size=1", "chunk_len=2048", "bf16=true", "backend=kernel",
                            "tasks=[positionwise,state]", "progress=false", "data.val_mode=pack", "--out",
                            str(tmp / "eval")], timeout=600, log_path=work / "eval.log")

@@ -1,8 +1,8 @@
 """Lightning callbacks that run recurlen's diagnostics during validation."""
 
-from callbacks.effrem import EffectiveRemembrance
-from callbacks.hparams import HParamsTable
-from callbacks.positionwise import PositionwisePerplexity
-from callbacks.state_norm import StateNormMonitor
+from recurlen.callbacks.effrem import EffectiveRemembrance
+from recurlen.callbacks.hparams import HParamsTable
+from recurlen.callbacks.positionwise import PositionwisePerplexity
+from recurlen.callbacks.state_norm import StateNormMonitor
 
 __all__ = ["EffectiveRemembrance", "HParamsTable", "PositionwisePerplexity", "StateNormMonitor"]

@@ -1,4 +1,4 @@
-"""Effective Remembrance EffRem_T(t) during validation (see recurlen.eval.effrem).
+"""Effective Remembrance EffRem_T(t) during validation (see recurlen.diagnostics.effrem).
 
 Logs `{prefix}/effrem@t={t/T:.3f}T` for every t > 0 of the grid, t as a fraction of T (T defaults to 4x the
 training context, the grid to evenly spaced values in [0, T-1]), and the figure `{prefix}/figures/effrem`.
@@ -11,16 +11,16 @@ from collections.abc import Sequence
 
 import lightning.pytorch as pl
 import torch
-
-from callbacks._common import (
+from recurlen.callbacks.diagnostic import (
     DiagnosticCallback,
     log_figures,
     rank_share,
     synced_sums,
 )
-from recurlen.eval.effrem import EffRemResult, check_t_grid, default_t_grid, effective_remembrance
-from recurlen.eval.plots import plot_effrem
-from recurlen.tb_logging import fraction_tag
+
+from recurlen.diagnostics.effrem import EffRemResult, check_t_grid, default_t_grid, effective_remembrance
+from recurlen.diagnostics.plots import plot_effrem
+from recurlen.util.tensorboard import fraction_tag
 
 
 class EffectiveRemembrance(DiagnosticCallback):

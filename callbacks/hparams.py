@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import lightning.pytorch as pl
+from recurlen.callbacks.diagnostic import DiagnosticCallback, tensorboard_writers
 
-from callbacks._common import DiagnosticCallback, tensorboard_writers
-from recurlen.tb_logging import write_hparams
+from recurlen.util.tensorboard import write_hparams
 
 
 class HParamsTable(pl.Callback):

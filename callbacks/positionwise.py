@@ -14,18 +14,18 @@ import re
 
 import lightning.pytorch as pl
 import torch
-
-from callbacks._common import (
+from recurlen.callbacks.diagnostic import (
     DiagnosticCallback,
     log_figures,
     rank_share,
     register_custom_scalars,
     synced_sums,
 )
-from recurlen.eval.bins import bin_summary, bin_sums, context_bins, log_bins
-from recurlen.eval.plots import plot_full_minus_reset, plot_positionwise
-from recurlen.eval.positionwise import POSITION_CONVENTION, evaluate_positionwise
-from recurlen.tb_logging import bin_width, sortable_bin
+
+from recurlen.diagnostics.bins import bin_summary, bin_sums, context_bins, log_bins
+from recurlen.diagnostics.plots import plot_full_minus_reset, plot_positionwise
+from recurlen.diagnostics.positionwise import POSITION_CONVENTION, evaluate_positionwise
+from recurlen.util.tensorboard import bin_width, sortable_bin
 
 SCALAR_BINS = ("multiples", "log")
 

@@ -15,17 +15,17 @@ from collections.abc import Sequence
 
 import lightning.pytorch as pl
 import torch
-
-from callbacks._common import (
+from recurlen.callbacks.diagnostic import (
     DiagnosticCallback,
     log_figures,
     rank_share,
     synced_sums,
 )
-from recurlen.eval.plots import plot_state
-from recurlen.eval.positionwise import evaluate_positionwise, evaluation_ends
-from recurlen.eval.state_stats import STATE_STATS, StateCurves
-from recurlen.tb_logging import bin_width
+
+from recurlen.diagnostics.plots import plot_state
+from recurlen.diagnostics.positionwise import evaluate_positionwise, evaluation_ends
+from recurlen.diagnostics.state_stats import STATE_STATS, StateCurves
+from recurlen.util.tensorboard import bin_width
 
 
 class StateNormMonitor(DiagnosticCallback):

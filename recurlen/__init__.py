@@ -1,8 +1,22 @@
-"""recurlen: post-train recurrent language models to generalize far beyond their training length."""
+"""recurlen: post-train recurrent language models to generalize far beyond their training length.
 
-from recurlen.config import Mamba2Config, preset
-from recurlen.model import Mamba2LM
-from recurlen.state import RecurrentState
+The package root stays light: `import recurlen.util.errors` does not build a model. The names below are
+shortcuts to the default architecture (Mamba-2) through the registry, which knows every architecture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["Mamba2Config", "Mamba2LM", "RecurrentState", "preset"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from recurlen.models import registry
+
+        arch = registry.get(registry.DEFAULT)
+        return {"Mamba2Config": arch.config_cls, "Mamba2LM": arch.model_cls, "RecurrentState": arch.state_cls,
+                "preset": arch.preset}[name]
+    raise AttributeError(f"module 'recurlen' has no attribute {name!r}")

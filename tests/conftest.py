@@ -13,8 +13,8 @@ torch.set_num_threads(1)
 @pytest.fixture
 def run_tiny_task(tmp_path):
     """`recurlen <task>` on the nano model with quick trainer settings, in tmp_path/run -> results.json path."""
-    from recurlen.tasks.config import load_task_experiment
-    from recurlen.tasks.runner import run_task
+    from recurlen.evaluation.tasks.config import load_task_experiment
+    from recurlen.evaluation.tasks.runner import run_task
 
     def run(task: str, *overrides: str):
         cfg = load_task_experiment([
@@ -110,7 +110,7 @@ def _imported_afresh(loader, what: str):
 @pytest.fixture(scope="session")
 def triton_interpreter(triton_cpu):
     """mamba-ssm's real Triton kernels under the interpreter (a Python-only mamba-ssm build)."""
-    from recurlen import kernels
+    from recurlen.models.mamba2 import kernels
 
     yield from _imported_afresh(kernels._mamba_kernels, "mamba-ssm (its Triton kernels)")
 
@@ -118,7 +118,7 @@ def triton_interpreter(triton_cpu):
 @pytest.fixture(scope="session")
 def fla_interpreter(triton_cpu):
     """flash-linear-attention's real chunked GLA kernel under the interpreter (fla-core, its ops package)."""
-    from recurlen.gla import kernels
+    from recurlen.models.gla import kernels
 
     yield from _imported_afresh(kernels._chunk_gla, "flash-linear-attention's chunk_gla")
 

@@ -3,31 +3,31 @@
 import pytest
 import torch
 
-from recurlen import arch
+from recurlen.models import registry
 
-NAMES = sorted(arch.architectures())
+NAMES = sorted(registry.architectures())
 
 
 def _model(name: str, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    a = arch.get(name)
+    a = registry.get(name)
     overrides = {"use_short_conv": True} if name == "gla" else {}
     return a.build(a.preset("nano", **overrides), backend="torch").eval()
 
 
 def test_registry_lists_the_three_architectures_and_rejects_others():
-    assert set(NAMES) == {"mamba2", "mamba1", "gla"} and set(arch.NAMES) == set(NAMES)
+    assert set(NAMES) == {"mamba2", "mamba1", "gla"} and set(registry.NAMES) == set(NAMES)
     with pytest.raises(ValueError, match=r"unknown architecture 'rwkv'; allowed: \['gla', 'mamba1', 'mamba2'\]"):
-        arch.get("rwkv")
+        registry.get("rwkv")
     with pytest.raises(ValueError, match="unknown Mamba-1 preset 'huge'"):
-        arch.get("mamba1").preset("huge")
+        registry.get("mamba1").preset("huge")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_state_in_and_out_with_split_invariance(name):
     model = _model(name)
-    a = arch.of_model(model)
-    assert a.name == name and arch.of_config(model.config) is a
+    a = registry.of_model(model)
+    assert a.name == name and registry.of_config(model.config) is a
     ids = torch.randint(0, 257, (3, 70))
     with torch.no_grad():
         full, full_state = model(ids)
@@ -78,7 +78,7 @@ def test_state_operations(name):
 def test_checkpoint_directory_is_detected_and_loads_the_same_model(tmp_path, name):
     model = _model(name)
     model.save_pretrained(str(tmp_path / name))
-    a = arch.detect(tmp_path / name)
+    a = registry.detect(tmp_path / name)
     assert a.name == name
     again = a.load_pretrained(tmp_path / name, backend="torch")
     ids = torch.randint(0, 257, (2, 9))
@@ -89,14 +89,14 @@ def test_checkpoint_directory_is_detected_and_loads_the_same_model(tmp_path, nam
 def test_detect_refuses_unknown_configs(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ValueError, match="is not a config of a known architecture"):
-        arch.detect(tmp_path)
+        registry.detect(tmp_path)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_preset_has_a_model_yaml_with_the_same_config(name):
-    from recurlen.experiment.compose import load_experiment
+    from recurlen.training.experiments.compose import load_experiment
 
-    a = arch.get(name)
+    a = registry.get(name)
     for model_name in a.model_names():
         cfg, _ = load_experiment([f"model={model_name}"])
         assert cfg.model.name == model_name and cfg.model.architecture == name
@@ -104,7 +104,7 @@ def test_every_preset_has_a_model_yaml_with_the_same_config(name):
 
 
 def test_model_section_validates_the_architecture_and_its_fields():
-    from recurlen.experiment.compose import load_experiment
+    from recurlen.training.experiments.compose import load_experiment
 
     with pytest.raises(ValueError, match=r"unknown keys \['headdim'\]"):
         load_experiment(["model=mamba1-tiny", "model.arch.headdim=8"])
@@ -115,8 +115,8 @@ def test_model_section_validates_the_architecture_and_its_fields():
 
 
 def test_eval_and_report_put_architectures_side_by_side(tmp_path):
-    from recurlen.eval.runner import EvalConfig, run_eval
-    from recurlen.report import write_report
+    from recurlen.commands.report import write_report
+    from recurlen.evaluation.runner import EvalConfig, run_eval
 
     paths = []
     for name in NAMES:
@@ -134,15 +134,15 @@ def test_eval_and_report_put_architectures_side_by_side(tmp_path):
     report = write_report([str(tmp_path / "eval" / "results.json")], out_dir=tmp_path / "report").read_text()
     assert "## Models" in report
     for name in NAMES:
-        assert f"| {name} | {arch.get(name).title} (" in report
+        assert f"| {name} | {registry.get(name).title} (" in report
 
 
 @pytest.mark.parametrize("name", ["mamba1", "gla"])
 def test_tasks_run_on_every_architecture(name):
-    from recurlen.tasks.config import CopyingConfig
-    from recurlen.tasks.copying import CopyingFormat, evaluate_single
-    from recurlen.tasks.passkey import evaluate_passkey
-    from recurlen.tokenizer import ByteTokenizer
+    from recurlen.evaluation.tasks.config import CopyingConfig
+    from recurlen.evaluation.tasks.copying import CopyingFormat, evaluate_single
+    from recurlen.evaluation.tasks.passkey import evaluate_passkey
+    from recurlen.util.tokenizers import ByteTokenizer
 
     model, tok = _model(name), ByteTokenizer()
     passkey = evaluate_passkey(model, tok, lengths=[260], depths=[0.5], trials=2, seed=0, batch_size=2, chunk_len=64,

@@ -4,11 +4,17 @@ groups, carried states in checkpoints, exact resume, and run loading."""
 import pytest
 import torch
 
-from recurlen import arch
-from recurlen.experiment.compose import load_experiment
-from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, InterventionConfig, Ranks, build_intervention
-from recurlen.runs import RUN_META_KEY, load_model
-from recurlen.train import run_finetune
+from recurlen.models import registry
+from recurlen.training.experiments.compose import load_experiment
+from recurlen.training.finetune import run_finetune
+from recurlen.training.interventions import (
+    INTERVENTIONS,
+    FittedNoiseStats,
+    InterventionConfig,
+    Ranks,
+    build_intervention,
+)
+from recurlen.training.run_dir import RUN_META_KEY, load_model
 
 ARCHS = ["mamba1", "gla"]
 
@@ -19,7 +25,7 @@ def cache_dir(tmp_path_factory):
 
 
 def experiment(run_dir, cache_dir, name, *overrides):
-    base = [f"model={arch.get(name).prefix}nano", "data.seq_len=16", "data.batch_size=4", "data.val_length=64",
+    base = [f"model={registry.get(name).prefix}nano", "data.seq_len=16", "data.batch_size=4", "data.val_length=64",
             "data.val_sequences=2", "data.val_segments=8", f"data.cache_dir={cache_dir}", "data.max_documents=60",
             "data.val_fraction=0.2", "trainer.max_steps=2", "trainer.val_every_n_steps=0",
             "trainer.limit_val_batches=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
@@ -37,7 +43,7 @@ def test_each_intervention_trains_each_architecture(tmp_path, cache_dir, name, i
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     meta = ckpt[RUN_META_KEY]
     assert ckpt["global_step"] == 2 and meta["architecture"] == name and meta["intervention"] == intervention
-    a = arch.get(name)
+    a = registry.get(name)
     zero = a.build(cfg.model.config).zero_state(4)
     state = meta["intervention_state"]
     if intervention in ("state_passing", "tbptt"):
@@ -60,7 +66,7 @@ def test_each_intervention_trains_each_architecture(tmp_path, cache_dir, name, i
 
 @pytest.mark.parametrize("name", ARCHS)
 def test_noise_is_drawn_on_the_recurrent_part_with_fitted_groups(name):
-    a = arch.get(name)
+    a = registry.get(name)
     zeros = a.build(a.preset("nano")).zero_state(3)
     part = a.state_cls.RECURRENT[0]
     k, groups, _ = zeros.group_view(part).shape
@@ -107,7 +113,7 @@ def test_resume_is_exact_with_carried_states(tmp_path, cache_dir, name):
 @pytest.mark.parametrize("name", ARCHS)
 def test_refresh_pools_the_final_states_per_fitted_group(name):
     """fit_refresh=every with a window of one step: the statistics become that step's, per the state's groups."""
-    a = arch.get(name)
+    a = registry.get(name)
     model = a.build(a.preset("nano"))
     zeros = model.zero_state(3)
     part = a.state_cls.RECURRENT[0]

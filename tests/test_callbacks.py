@@ -10,15 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
+from recurlen.callbacks import EffectiveRemembrance, PositionwisePerplexity, StateNormMonitor
+from recurlen.callbacks.diagnostic import held_out_sequences
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from callbacks import EffectiveRemembrance, PositionwisePerplexity, StateNormMonitor
-from callbacks._common import held_out_sequences
 from recurlen import Mamba2LM, preset
-from recurlen.eval.effrem import effective_remembrance
-from recurlen.eval.positionwise import evaluate_positionwise
-from recurlen.tb_logging import fraction_tag, sortable_bin
+from recurlen.diagnostics.effrem import effective_remembrance
+from recurlen.diagnostics.positionwise import evaluate_positionwise
+from recurlen.util.tensorboard import fraction_tag, sortable_bin
 
 T = 32
 LONG = 160

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.config import PRESETS, Mamba2Config
-from recurlen.errors import UserError
-from recurlen.runs import load_model
-from recurlen.tokenizer import ByteTokenizer, HFTokenizer, check_vocab_fits, load_tokenizer
+from recurlen.models.mamba2.config import PRESETS, Mamba2Config
+from recurlen.training.run_dir import load_model
+from recurlen.util.errors import UserError
+from recurlen.util.tokenizers import ByteTokenizer, HFTokenizer, check_vocab_fits, load_tokenizer
 
 OFFICIAL_CONFIG = {
     "d_model": 64, "d_intermediate": 0, "n_layer": 2, "vocab_size": 300,

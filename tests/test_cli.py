@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from recurlen import cli
-from recurlen.cli_args import _sections, field_docs
-from recurlen.errors import UserError, user_input
+from recurlen.commands import cli
+from recurlen.util.arguments import _sections, field_docs
+from recurlen.util.errors import UserError, user_input
 
 
 def run(capsys, *argv):
@@ -38,10 +38,10 @@ def test_experiment_help_lists_groups_choices_and_fields_with_type_value_and_mea
 
 
 def test_every_settings_field_has_a_meaning():
-    from recurlen.demo import DemoConfig
-    from recurlen.eval.runner import EvalConfig
-    from recurlen.experiment.schema import ExperimentConfig
-    from recurlen.generation import GenerateConfig
+    from recurlen.commands.demo import DemoConfig
+    from recurlen.evaluation.generation import GenerateConfig
+    from recurlen.evaluation.runner import EvalConfig
+    from recurlen.training.experiments.schema import ExperimentConfig
 
     missing = []
 
@@ -116,7 +116,7 @@ def test_user_input_marks_validation_errors_as_the_users():
 
 
 def test_the_installed_command_prints_user_errors_without_traceback():
-    proc = subprocess.run([sys.executable, "-m", "recurlen.cli", "finetune", "optim.lrr=1"],
+    proc = subprocess.run([sys.executable, "-m", "recurlen", "finetune", "optim.lrr=1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("recurlen finetune: error: unknown key 'optim.lrr'")

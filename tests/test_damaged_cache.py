@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from recurlen.data.config import DataConfig
-from recurlen.data.corpus import cache_problem, load_corpus
-from recurlen.errors import UserError
-from recurlen.tokenizer import ByteTokenizer, load_tokenizer
+from recurlen.training.data.config import DataConfig
+from recurlen.training.data.corpus import cache_problem, load_corpus
+from recurlen.util.errors import UserError
+from recurlen.util.tokenizers import ByteTokenizer, load_tokenizer
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "meta"])

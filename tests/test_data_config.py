@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from recurlen.data import DataConfig
-from recurlen.data import config as config_mod
+from recurlen.training.data import DataConfig
+from recurlen.training.data import config as config_mod
 
 
 def test_defaults_and_derived_values(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

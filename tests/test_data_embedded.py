@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recurlen.data import DataConfig, RecurlenDataModule, embedded
-from recurlen.data.corpus import document_hash
+from recurlen.training.data import DataConfig, RecurlenDataModule, embedded
+from recurlen.training.data.corpus import document_hash
 
 
 @pytest.fixture(scope="session")

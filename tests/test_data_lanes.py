@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recurlen.data import lanes as L
-from recurlen.data.corpus import Corpus
-from recurlen.data.stream import DocStream, TrainSampler
+from recurlen.training.data import lanes as L
+from recurlen.training.data.corpus import Corpus
+from recurlen.training.data.stream import DocStream, TrainSampler
 
 EOS = 999
 

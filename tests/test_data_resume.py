@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recurlen.data import DataConfig, RecurlenDataModule
+from recurlen.training.data import DataConfig, RecurlenDataModule
 
 KEYS = ("input_ids", "targets", "lane", "new_stream", "step")
 

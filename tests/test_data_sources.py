@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recurlen.data import Corpus, DataConfig, RecurlenDataModule, load_corpus
-from recurlen.data import corpus as corpus_mod
-from recurlen.tokenizer import ByteTokenizer
+from recurlen.training.data import Corpus, DataConfig, RecurlenDataModule, load_corpus
+from recurlen.training.data import corpus as corpus_mod
+from recurlen.util.tokenizers import ByteTokenizer
 
 
 def make_texts(n: int = 24) -> list[str]:

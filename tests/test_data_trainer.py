@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from recurlen.data import DataConfig, RecurlenDataModule
+from recurlen.training.data import DataConfig, RecurlenDataModule
 
 
 class Recorder(L.LightningModule):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from recurlen.data import DataConfig, RecurlenDataModule
+from recurlen.training.data import DataConfig, RecurlenDataModule
 
 
 def write_docs(path: Path, lengths: list[int]) -> Path:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from recurlen.demo import load_demo_config
-from recurlen.experiment.compose import experiments_dir
+from recurlen.commands.demo import load_demo_config
+from recurlen.training.experiments.compose import experiments_dir
 
 QUICK = ["pretrain_steps=6", "posttrain_steps=3", "interventions=[none,state_passing,tbptt]",
          "overrides=[data.max_documents=60,data.val_length=128,data.val_sequences=2,"
@@ -18,7 +18,7 @@ QUICK = ["pretrain_steps=6", "posttrain_steps=3", "interventions=[none,state_pas
 
 
 def run_demo_cli(root, cache, *extra):
-    cmd = [sys.executable, "-m", "recurlen.cli", "demo", f"run_root={root}", *QUICK, *extra]
+    cmd = [sys.executable, "-m", "recurlen", "demo", f"run_root={root}", *QUICK, *extra]
     return subprocess.run(cmd, capture_output=True, text=True, env={"RECURLEN_CACHE": str(cache),
                                                                     "PATH": "/usr/bin:/bin"}, timeout=600)
 
@@ -78,7 +78,7 @@ def test_bad_demo_config_is_a_clear_error():
 
 def _fake_stage(monkeypatch, *, writes_step, exit_code):
     """The finetune subprocess replaced by one that writes last.ckpt at `writes_step` and exits with `exit_code`."""
-    import recurlen.demo as demo
+    import recurlen.commands.demo as demo
 
     real = subprocess.Popen
 
@@ -95,7 +95,7 @@ def _fake_stage(monkeypatch, *, writes_step, exit_code):
 
 
 def test_stage_done_only_when_its_checkpoint_reached_the_planned_step(tmp_path, monkeypatch):
-    from recurlen.demo import DONE_MARKER, _stage_done, run_stage
+    from recurlen.commands.demo import DONE_MARKER, _stage_done, run_stage
 
     run_dir = tmp_path / "stage"
     args = [f"run_dir={run_dir}", "trainer.max_steps=10"]
@@ -116,7 +116,7 @@ def test_stage_is_not_reused_when_its_experiment_or_starting_checkpoint_changed(
     trained again (same path, other weights)."""
     import torch
 
-    from recurlen.demo import _stage_done, run_stage
+    from recurlen.commands.demo import _stage_done, run_stage
 
     experiments = tmp_path / "experiments"
     shutil.copytree(experiments_dir(), experiments)
@@ -138,8 +138,8 @@ def test_stage_is_not_reused_when_its_experiment_or_starting_checkpoint_changed(
 
 
 def test_stage_that_exits_0_short_of_its_steps_is_not_done(tmp_path, monkeypatch):
-    from recurlen.demo import DONE_MARKER, run_stage
-    from recurlen.errors import UserError
+    from recurlen.commands.demo import DONE_MARKER, run_stage
+    from recurlen.util.errors import UserError
 
     run_dir = tmp_path / "stage"
     _fake_stage(monkeypatch, writes_step=120, exit_code=0)  # what a SIGTERM'd stage once did: exit 0 at step 120
@@ -152,8 +152,8 @@ def test_stage_that_exits_0_short_of_its_steps_is_not_done(tmp_path, monkeypatch
 @pytest.mark.parametrize("exit_code", [143, -15], ids=["handled", "before-the-handler"])
 def test_stage_stopped_by_a_signal_is_interrupted_not_done(tmp_path, monkeypatch, exit_code):
     """143: the stage's handler checkpointed and exited; -15: SIGTERM killed it before it installed one."""
-    from recurlen.demo import DONE_MARKER, run_stage
-    from recurlen.errors import Interrupted
+    from recurlen.commands.demo import DONE_MARKER, run_stage
+    from recurlen.util.errors import Interrupted
 
     run_dir = tmp_path / "stage"
     _fake_stage(monkeypatch, writes_step=40, exit_code=exit_code)
@@ -167,7 +167,7 @@ def test_stage_stopped_by_a_signal_is_interrupted_not_done(tmp_path, monkeypatch
 def test_report_states_the_steps_its_checkpoints_hold(tmp_path):
     import torch
 
-    from recurlen.demo import setup_notes
+    from recurlen.commands.demo import setup_notes
 
     cfg = load_demo_config([f"run_root={tmp_path}", "pretrain_steps=50", "posttrain_steps=7",
                             "interventions=[none,tbptt]"])
@@ -190,7 +190,7 @@ def test_report_states_the_steps_its_checkpoints_hold(tmp_path):
     ("gla", "runs/demo-gla", "demo-gla-pretrain", "GLA (hidden 128"),
 ])
 def test_demo_arch_picks_its_experiments_run_root_and_model(arch, root, pretrain, model):
-    from recurlen.demo import demo_plan
+    from recurlen.commands.demo import demo_plan
 
     cfg = load_demo_config([f"arch={arch}"])
     assert (cfg.run_root, cfg.pretrain_experiment) == (root, pretrain)
@@ -212,7 +212,7 @@ def test_unknown_demo_arch_names_the_allowed_ones():
     ("gla", ["GLA (hidden 128", "gate_bias_init_range=[2, 6]"]),
 ])
 def test_report_setup_names_the_architecture_and_its_slow_initialisation(tmp_path, arch, describes):
-    from recurlen.demo import setup_notes
+    from recurlen.commands.demo import setup_notes
 
     text = "\n".join(setup_notes(load_demo_config([f"arch={arch}", f"run_root={tmp_path}"])))
     for part in describes:

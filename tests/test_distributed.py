@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recurlen.runs import RUN_META_KEY
+from recurlen.training.run_dir import RUN_META_KEY
 
 # Several processes each; CI runs the slow tests.
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 
 def _args(run_dir, cache_dir, *extra):
-    return [sys.executable, "-m", "recurlen.cli", "finetune", "model=nano", "intervention=tbptt",
+    return [sys.executable, "-m", "recurlen", "finetune", "model=nano", "intervention=tbptt",
             "data.seq_len=16", "data.batch_size=3", "data.val_length=64", "data.val_sequences=2",
             "data.val_segments=8", "data.val_fraction=0.2", f"data.cache_dir={cache_dir}", "data.max_documents=60",
             "trainer.max_steps=4", "trainer.val_every_n_steps=2", "trainer.limit_val_batches=2",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.eval.effrem import default_t_grid, effective_remembrance, effrem_batch, suffix_tokens
+from recurlen.diagnostics.effrem import default_t_grid, effective_remembrance, effrem_batch, suffix_tokens
 
 T = 96
 

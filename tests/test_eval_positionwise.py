@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from recurlen import Mamba2LM, preset
-from recurlen.eval.bins import bin_sums, context_bins, log_bins, split_points
-from recurlen.eval.positionwise import evaluate_positionwise, evaluation_ends, score_positions
+from recurlen.diagnostics.bins import bin_sums, context_bins, log_bins, split_points
+from recurlen.diagnostics.positionwise import evaluate_positionwise, evaluation_ends, score_positions
 
 L = 256
 T = 32
@@ -51,7 +51,7 @@ def test_chunked_nll_equals_one_forward(model, seqs, chunk_len):
 
 
 def test_lm_head_slices_do_not_change_nll(model, seqs, monkeypatch):
-    import recurlen.eval.positionwise as positionwise
+    import recurlen.diagnostics.positionwise as positionwise
 
     monkeypatch.setattr(positionwise, "HEAD_ELEMENTS", 3 * 257 * 7)  # 7 positions per LM-head call
     nll_BP, _ = score_positions(model, seqs, ends=[37, 100, L])
@@ -59,7 +59,7 @@ def test_lm_head_slices_do_not_change_nll(model, seqs, monkeypatch):
 
 
 def test_forward_calls_capped_do_not_change_nll(model, seqs, monkeypatch):
-    import recurlen.eval.positionwise as positionwise
+    import recurlen.diagnostics.positionwise as positionwise
 
     monkeypatch.setattr(positionwise, "FORWARD_ELEMENTS", 3 * model.config.d_model * 64)  # 64 tokens per call
     assert positionwise.forward_tokens_per_call(model, 3) == 64
@@ -75,7 +75,7 @@ def test_memory_per_call_does_not_grow_with_length(monkeypatch):
     forward calls as long as a chunk did the same, since the state-sampling points cut a short sequence into
     shorter chunks than a long one (at the 130m shape a 128k-token evaluation peaked 1.52x above a 4k one).
     """
-    import recurlen.eval.positionwise as positionwise
+    import recurlen.diagnostics.positionwise as positionwise
 
     torch.manual_seed(0)
     big_vocab = Mamba2LM(preset("nano", vocab_size=50277), backend="torch").eval()  # a Pile-sized LM head

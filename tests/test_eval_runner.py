@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.eval.plots import figures_for, load_runs
-from recurlen.eval.runner import EvalConfig, run_eval
+from recurlen.diagnostics.plots import figures_for, load_runs
+from recurlen.evaluation.runner import EvalConfig, run_eval
 
 T = 32
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.eval.positionwise import evaluate_positionwise
-from recurlen.eval.state_stats import STATE_STATS, state_statistics
+from recurlen.diagnostics.positionwise import evaluate_positionwise
+from recurlen.diagnostics.state_stats import STATE_STATS, state_statistics
 
 
 def test_state_curves_shapes_and_values():

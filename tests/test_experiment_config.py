@@ -5,10 +5,10 @@ import torch
 from omegaconf import OmegaConf
 
 from recurlen import Mamba2LM
-from recurlen.config import PRESETS, Mamba2Config
-from recurlen.experiment.compose import available, compose, experiments_dir, load_experiment, to_object
-from recurlen.experiment.schema import GROUPS, ExperimentConfig
-from recurlen.tasks.config import TaskExperimentConfig
+from recurlen.evaluation.tasks.config import TaskExperimentConfig
+from recurlen.models.mamba2.config import PRESETS, Mamba2Config
+from recurlen.training.experiments.compose import available, compose, experiments_dir, load_experiment, to_object
+from recurlen.training.experiments.schema import GROUPS, ExperimentConfig
 
 
 def _leaves(node, prefix=""):
@@ -99,7 +99,7 @@ def test_task_experiments_need_the_task_schema():
 
 
 def test_pipelines_load_and_refuse_single_run_composition():
-    from recurlen.demo import load_demo_config
+    from recurlen.commands.demo import load_demo_config
 
     assert set(available()) - set(available(pipelines=False)) == {"demo"}
     demo = load_demo_config(["eval.num_sequences=8"])
@@ -179,7 +179,7 @@ def test_default_run_dirs_keep_models_and_interventions_apart():
 
 
 def test_post_training_lr_is_a_tenth_of_each_presets_pre_training_peak():
-    from recurlen.experiment.compose import load_experiment
+    from recurlen.training.experiments.compose import load_experiment
 
     want = {"130m": 3e-4, "370m": 1.5e-4, "780m": 1.25e-4, "1.3b": 1e-4, "2.7b": 8e-5, "tiny": 1e-4}
     for model, lr in want.items():

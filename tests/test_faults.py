@@ -2,7 +2,7 @@
 nothing earlier is lost. Real processes, real signals, real kills (the README's table lists these rows).
 
 Signals arrive at a random moment of training (single process and 2-process DDP on CPU with gloo); kill -9 hits
-a checkpoint write at its start, half-way and just before the rename (RECURLEN_FAULT, see recurlen.faults); the
+a checkpoint write at its start, half-way and just before the rename (RECURLEN_FAULT, see recurlen.util.faults); the
 disk fills up part-way through a write (a size-limited tmpfs when this machine lets the test mount one, else the
 same ENOSPC raised by the fault hook); the run directory is read-only.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recurlen.runs import RunDir
+from recurlen.training.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ STEPS = 40
 
 
 def args(run_dir, cache_dir, *extra, steps=STEPS):
-    return [sys.executable, "-m", "recurlen.cli", "finetune", "model=nano", "intervention=state_passing",
+    return [sys.executable, "-m", "recurlen", "finetune", "model=nano", "intervention=state_passing",
             "data.seq_len=16", "data.batch_size=2", "data.val_length=64", "data.val_sequences=2",
             "data.val_segments=8", "data.val_fraction=0.2", f"data.cache_dir={cache_dir}", "data.max_documents=60",
             f"trainer.max_steps={steps}", "trainer.val_every_n_steps=0", "trainer.limit_val_batches=1",
@@ -303,7 +303,7 @@ def test_sigterm_to_a_demo_stage_is_not_marked_done_and_the_rerun_continues(tmp_
     import json
 
     root, cache = tmp_path / "demo", tmp_path / "cache"
-    cmd = [sys.executable, "-m", "recurlen.cli", "demo", f"run_root={root}", "pretrain_steps=300",
+    cmd = [sys.executable, "-m", "recurlen", "demo", f"run_root={root}", "pretrain_steps=300",
            "posttrain_steps=2", "interventions=[none]", "eval.effrem=false", "eval.length=128",
            "eval.num_sequences=2", "eval.chunk_len=64", "eval.batch_size=2",
            "overrides=[data.max_documents=60,data.val_length=128,data.val_sequences=2,data.batch_size=8,"
@@ -343,7 +343,7 @@ def test_sigterm_to_a_demo_stage_is_not_marked_done_and_the_rerun_continues(tmp_
 
 
 def test_fitted_noise_file_with_the_wrong_shape_is_a_clear_error(tmp_path, cache_dir):
-    from recurlen.interventions import FittedNoiseStats
+    from recurlen.training.interventions import FittedNoiseStats
 
     bad = tmp_path / "noise.pt"
     FittedNoiseStats(torch.zeros(5, 8), torch.ones(5, 8)).save(str(bad))

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recurlen.gla import GLALM, GLAConfig, GLAState, preset
-from recurlen.gla.kernels import layout_kwargs
-from recurlen.gla.scan import gla_chunked
+from recurlen.models.gla import GLALM, GLAConfig, GLAState, preset
+from recurlen.models.gla.kernels import layout_kwargs
+from recurlen.models.gla.scan import gla_chunked
 
 F64 = torch.float64
 
@@ -214,7 +214,7 @@ def test_kernel_backend_on_cpu_is_refused_outside_the_interpreter(monkeypatch):
     """backend='kernel' on a CPU model: one clear error before fla is imported (under Triton's interpreter the
     kernel tests run it: tests/test_gla_kernels_cpu.py)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(ValueError, match="needs the model on a CUDA device; it is on cpu"):
+    with pytest.raises(ValueError, match="needs a CUDA device for .*; the model is on cpu"):
         _model()(torch.zeros(1, 3, dtype=torch.long), backend="kernel")
 
 

@@ -1,6 +1,6 @@
 """GLA backend="kernel" == backend="torch", with flash-linear-attention's real chunked GLA kernel executed on CPU.
 
-The kernel backend here is recurlen's own code, the functions a GPU run calls (recurlen/gla/kernels.py and the
+The kernel backend here is recurlen's own code, the functions a GPU run calls (recurlen/models/gla/kernels.py and the
 attention layer's kernel branch), calling fla's `chunk_gla` under Triton's interpreter (the `fla_interpreter`
 fixture in conftest.py). The short convs take the same PyTorch path on both backends.
 
@@ -12,8 +12,8 @@ import lightning as L
 import pytest
 import torch
 
-from recurlen.gla import GLALM, GLAState, preset
-from recurlen.lit_module import token_loss
+from recurlen.models.gla import GLALM, GLAState, preset
+from recurlen.training.lit_module import token_loss
 
 pytestmark = [pytest.mark.kernels, pytest.mark.usefixtures("fla_interpreter")]
 
@@ -97,8 +97,8 @@ def test_split_with_carried_state_equals_one_call(split_equals_one_call):
 def test_two_training_steps_with_the_carried_state_match(tmp_path, intervention):
     """The LightningModule through `recurlen finetune`'s entry point: step 2 starts from the state step 1 carried
     (and, after one AdamW step on each backend's gradients, from different parameters)."""
-    import recurlen.train as train
-    from recurlen.experiment.compose import load_experiment
+    import recurlen.training.finetune as train
+    from recurlen.training.experiments.compose import load_experiment
 
     losses = {}
     for backend in ("torch", "kernel"):

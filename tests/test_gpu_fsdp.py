@@ -6,8 +6,8 @@ Lightning's FSDP needs CUDA, so this is a GPU test (make test-gpu); it is skippe
 import pytest
 import torch
 
-from recurlen.experiment.compose import load_experiment
-from recurlen.train import run_finetune
+from recurlen.training.experiments.compose import load_experiment
+from recurlen.training.finetune import run_finetune
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP needs CUDA")]
 

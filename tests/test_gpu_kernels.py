@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, RecurrentState, preset
-from recurlen.kernels import kernels_available
+from recurlen.models.mamba2.kernels import kernels_available
 
 pytestmark = [
     pytest.mark.gpu,

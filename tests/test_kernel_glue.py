@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recurlen import Mamba2LM, RecurrentState, kernels, preset
-from recurlen.ssd import ssd_naive
+from recurlen import Mamba2LM, RecurrentState, preset
+from recurlen.models import causal_conv
+from recurlen.models.mamba2 import kernels
+from recurlen.models.mamba2.scan import ssd_naive
 
 
 def up(t):
@@ -57,7 +59,7 @@ def fake_kernels(monkeypatch):
         calls.append(args[0].shape)
         return fake_conv(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "_causal_conv1d", lambda: counted_conv)
+    monkeypatch.setattr(causal_conv, "_causal_conv1d", lambda: counted_conv)
     monkeypatch.setattr(Mamba2LM, "_use_kernels", lambda self, device, backend: backend == "kernel")
     return calls
 
@@ -87,6 +89,6 @@ def test_kernel_glue_matches_torch_backend(fake_kernels, ngroups):
 
 def test_conv_falls_back_when_channels_break_the_stride_rule(fake_kernels):
     x = torch.randn(2, 5, 12)  # 12 channels: not a multiple of 8
-    assert kernels.causal_conv_kernel(x, torch.randn(12, 4), None, torch.zeros(2, 12, 3)) is None
-    out, final = kernels.causal_conv_kernel(torch.randn(2, 5, 16), torch.randn(16, 4), None, torch.zeros(2, 16, 3))
+    assert causal_conv.causal_conv_kernel(x, torch.randn(12, 4), None, torch.zeros(2, 12, 3)) is None
+    out, final = causal_conv.causal_conv_kernel(torch.randn(2, 5, 16), torch.randn(16, 4), None, torch.zeros(2, 16, 3))
     assert out.shape == (2, 5, 16) and final.shape == (2, 16, 3)

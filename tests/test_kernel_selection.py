@@ -6,7 +6,9 @@ import warnings
 import pytest
 import torch
 
-from recurlen import Mamba2LM, kernels, preset
+from recurlen import Mamba2LM, preset
+from recurlen.models import backends
+from recurlen.models.mamba2 import kernels
 
 NOT_INSTALLED = "ModuleNotFoundError: No module named 'mamba_ssm'"
 
@@ -20,9 +22,9 @@ def model():
 @pytest.fixture
 def without_mamba_ssm(monkeypatch):
     monkeypatch.setattr(kernels, "_mamba_kernels", lambda: (None, NOT_INSTALLED))
-    kernels._warn_auto_without_kernels.cache_clear()
+    backends._warn_auto_without_kernels.cache_clear()
     yield
-    kernels._warn_auto_without_kernels.cache_clear()
+    backends._warn_auto_without_kernels.cache_clear()
 
 
 def test_kernel_backend_on_cpu_without_the_interpreter_says_what_is_missing(model, monkeypatch):
@@ -46,7 +48,7 @@ def test_kernel_backend_without_mamba_ssm_says_how_to_install(model, monkeypatch
 
 
 def test_auto_on_cuda_without_mamba_ssm_warns_once_then_takes_the_torch_path(model, without_mamba_ssm):
-    with pytest.warns(RuntimeWarning, match=r"backend='auto' on CUDA: mamba-ssm's kernels did not import"):
+    with pytest.warns(RuntimeWarning, match=r"backend='auto' on CUDA: mamba-ssm's Triton kernels did not import"):
         assert model._use_kernels(torch.device("cuda"), "auto") is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")

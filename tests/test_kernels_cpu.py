@@ -1,6 +1,6 @@
 """backend="kernel" == backend="torch", with mamba-ssm's real Triton kernels executed on CPU (make test-kernels).
 
-The kernel backend here is recurlen's own code, the functions a GPU run calls (recurlen/kernels.py and the
+The kernel backend here is recurlen's own code, the functions a GPU run calls (recurlen/models/mamba2/kernels.py and the
 mixer's kernel branch), calling mamba-ssm's `mamba_chunk_scan_combined` and `rmsnorm_fn` under Triton's
 interpreter (the `triton_interpreter` fixture in conftest.py). The conv takes the PyTorch path, as on a GPU
 without causal-conv1d; tests/test_kernel_glue.py checks causal-conv1d's calling convention.
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, RecurrentState, preset
-from recurlen.interventions import INTERVENTIONS
-from recurlen.lit_module import token_loss
+from recurlen.training.interventions import INTERVENTIONS
+from recurlen.training.lit_module import token_loss
 
 pytestmark = [pytest.mark.kernels, pytest.mark.usefixtures("triton_interpreter")]
 
@@ -137,8 +137,8 @@ def corpus_cache(tmp_path_factory):
 
 
 def finetune(run_dir, cache_dir, monkeypatch, *, backend: str, intervention: str, precision: str = "32-true"):
-    import recurlen.train as train
-    from recurlen.experiment.compose import load_experiment
+    import recurlen.training.finetune as train
+    from recurlen.training.experiments.compose import load_experiment
 
     cfg, _ = load_experiment([
         "model=nano", "model.arch.d_model=32", "model.arch.n_layer=1", "model.arch.chunk_size=16",

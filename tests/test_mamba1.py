@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recurlen.mamba1 import Mamba1Config, Mamba1LM, Mamba1State, preset
-from recurlen.mamba1.kernels import fold_initial_state, selective_scan
-from recurlen.mamba1.scan import selective_scan_chunked
+from recurlen.models.mamba1 import Mamba1Config, Mamba1LM, Mamba1State, preset
+from recurlen.models.mamba1.kernels import fold_initial_state, selective_scan
+from recurlen.models.mamba1.scan import selective_scan_chunked
 
 F64 = torch.float64
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from recurlen import Mamba2Config, Mamba2LM, RecurrentState, preset
-from recurlen.generation import greedy_generate
+from recurlen.evaluation.generation import greedy_generate
 
 
 def _model(seed=0, **overrides) -> Mamba2LM:
@@ -170,7 +170,7 @@ def test_bad_inputs_raise_clear_errors():
         Mamba2LM(preset("nano"), backend="triton")
     with pytest.raises(ValueError, match="backend='kernel' needs"):
         model(ids, backend="kernel")
-    with pytest.raises(ValueError, match="unknown model preset 'huge'; allowed"):
+    with pytest.raises(ValueError, match="unknown Mamba-2 preset 'huge'; allowed"):
         preset("huge")
     with pytest.raises(ValueError, match="divisible by headdim"):
         Mamba2Config(d_model=100, headdim=64)
@@ -202,7 +202,7 @@ def test_padded_vocab_rows_are_not_in_logits():
 
 def test_causal_conv_matches_conv1d_and_gradcheck():
     # The shift-and-add conv (hand-written backward) against F.conv1d on the same padded input.
-    from recurlen.model import causal_conv
+    from recurlen.models.mamba2.model import causal_conv
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 9, 5, dtype=torch.float64, generator=g, requires_grad=True)

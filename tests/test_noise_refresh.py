@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.interventions import FittedNoiseStats, InterventionConfig, Ranks, build_intervention
-from recurlen.noise_refresh import Moments, StatsRefresh
+from recurlen.training.interventions import FittedNoiseStats, InterventionConfig, Ranks, build_intervention
+from recurlen.training.noise_refresh import Moments, StatsRefresh
 
 
 def fitted(refresh: str, *, every: int = 2, decay: float = 0.75):

@@ -20,7 +20,7 @@ def test_wheel_ships_the_experiments(tmp_path):
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True, cwd=tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "RECURLEN_EXPERIMENTS"}
     env["PYTHONPATH"] = str(target)  # ahead of the editable install of this checkout
-    code = ("import recurlen; from recurlen.experiment.compose import experiments_dir, load_experiment; "
+    code = ("import recurlen; from recurlen.training.experiments.compose import experiments_dir, load_experiment; "
             "print(recurlen.__file__); print(experiments_dir()); "
             "print(load_experiment(['experiment=demo-posttrain', 'intervention=state_passing'])[0].optim.lr)")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, capture_output=True,

@@ -3,11 +3,11 @@
 import subprocess
 import sys
 
-from recurlen.demo import STEP_BAR, _follow
+from recurlen.commands.demo import STEP_BAR, _follow
 
 
 def test_training_shows_a_step_bar_with_tokens_per_second(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "recurlen.cli", "finetune", "model=nano", "trainer.max_steps=3",
+    proc = subprocess.run([sys.executable, "-m", "recurlen", "finetune", "model=nano", "trainer.max_steps=3",
                            f"run_dir={tmp_path / 'run'}", "data.max_documents=60", "data.val_fraction=0.2",
                            "data.seq_len=16",
                            "data.val_length=64", "data.val_sequences=1", "trainer.val_every_n_steps=0",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from recurlen import cli
+from recurlen.commands import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_TINY = ["trainer.max_steps=2", "data.max_documents=60", "data.val_fraction=0.2", "data.val_length=128",
@@ -353,7 +353,7 @@ def run_line(line: str, world: Path, checks: Checks, real: list[str] | None = No
         values = {"$NODE_RANK": "0", "$MASTER": "127.0.0.1"}
         options = [re.sub(r"\$[A-Z_]+", lambda m: values[m.group(0)], w) for w in words[1:at]]
         parsed = get_args_parser().parse_args([*options, "-m", words[at + 1]])  # exits 2 on a bad option
-        assert parsed.module and words[at + 1] == "recurlen.cli", words
+        assert parsed.module and words[at + 1] == "recurlen", words
         recurlen(words[at + 2:], real=None)
         return "torchrun parse + dry-run"
     if head == "sbatch":
@@ -375,7 +375,7 @@ def run_sbatch(words: list[str], env_prefix: dict[str, str]) -> str:
                            f'source {script} "$@"', "_", *args], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     argv = proc.stdout.split("\0")[:-1]
-    assert argv[1:3] == ["-m", "recurlen.cli"], argv
+    assert argv[1:3] == ["-m", "recurlen"], argv
     recurlen(argv[3:], real=None)
     return "dry-run (script)"
 
@@ -385,8 +385,8 @@ def run_make(words: list[str], world: Path, checks: Checks, real: list[str] | No
     how = set()
     for raw in make_commands(words):
         env, cmd = split_env(raw)
-        if "recurlen.cli" in cmd:
-            argv = cmd[cmd.index("recurlen.cli") + 1:]
+        if "-m" in cmd and cmd[cmd.index("-m") + 1] == "recurlen":
+            argv = cmd[cmd.index("-m") + 2:]
             if argv[0] == "report" or real is not None:
                 recurlen(argv, real=real if argv[0] != "report" else [])
                 how.add("real")
@@ -505,7 +505,7 @@ def test_every_make_target_is_covered():
     "make finetunes MODEL=780m",                                                       # a target that is gone
     "make bench-gpu ARGS=--quik",                                                      # a benchmark option
     "sbatch scripts/slurm_finetune.sbatch trainer.max_step=1000",                      # through the SLURM script
-    "torchrun --nnodes=2 --nproc-per-node=8 --master-prt=29500 -m recurlen.cli finetune model=780m",
+    "torchrun --nnodes=2 --nproc-per-node=8 --master-prt=29500 -m recurlen finetune model=780m",
 ])
 def test_a_broken_line_fails(world, broken):
     """What the README test exists for: a documented line that stopped working fails it."""

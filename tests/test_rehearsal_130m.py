@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.runs import RUN_META_KEY, RunDir
+from recurlen.training.run_dir import RUN_META_KEY, RunDir
 
 # Not in CI's slow tier: ~50 min on 2 busy cores, ~20 estimated idle (the 128k evaluation ~7-13 of them).
 pytestmark = [pytest.mark.slow, pytest.mark.rehearsal]
@@ -65,7 +65,7 @@ def env() -> dict[str, str]:
 
 
 def recurlen(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "recurlen.cli", *args], cwd=REPO, env=env(), capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "recurlen", *args], cwd=REPO, env=env(), capture_output=True,
                           text=True, timeout=3600)
     assert done.returncode == 0, f"recurlen {args[0]} exited {done.returncode}:\n{done.stderr[-4000:]}"
     return done

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from recurlen.demo import demo_checks
-from recurlen.report import read_results, run_verdict, write_report
+from recurlen.commands.demo import demo_checks
+from recurlen.commands.report import read_results, run_verdict, write_report
 
 BINS = ["[0,T)", "[T,2T)", "[2T,4T)", "[4T,8T)", "[8T,16T)"]
 
@@ -113,12 +113,11 @@ def test_a_model_that_uses_no_context_is_told_so(tmp_path):
     import torch
 
     from recurlen import Mamba2LM, preset
-    from recurlen.checkpoint import save_pretrained
-    from recurlen.eval.runner import EvalConfig, run_eval
+    from recurlen.evaluation.runner import EvalConfig, run_eval
 
     torch.manual_seed(0)
-    save_pretrained(Mamba2LM(preset("nano")), str(tmp_path / "untrained"))
-    text = (Path(__file__).resolve().parents[1] / "recurlen" / "model.py").read_bytes()[:2 * 256]
+    Mamba2LM(preset("nano")).save_pretrained(str(tmp_path / "untrained"))
+    text = (Path(__file__).resolve().parents[1] / "recurlen" / "models" / "mamba2" / "model.py").read_bytes()[:2 * 256]
     seqs = torch.tensor(list(text), dtype=torch.long).view(2, 256)
     cfg = EvalConfig(checkpoints=[f"untrained={tmp_path / 'untrained'}"], output_dir=str(tmp_path / "eval"),
                      train_len=32, seq_len=256, num_sequences=2, tasks=["positionwise", "reset"], chunk_len=64,
@@ -136,7 +135,7 @@ def test_a_model_that_uses_no_context_is_told_so(tmp_path):
 
 
 def test_state_plot_has_a_log_axis_with_labelled_layers_and_full_minus_reset_starts_at_T():
-    from recurlen.eval.plots import plot_full_minus_reset, plot_state
+    from recurlen.diagnostics.plots import plot_full_minus_reset, plot_state
 
     base = run("base", [0, 0.0, 0.1, 0.3, 0.9])
     positions = [1, 32, 64, 128, 256, 512]

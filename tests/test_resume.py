@@ -11,10 +11,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from recurlen.errors import NonFinite, UserError
-from recurlen.experiment.compose import load_experiment, resolved_config
-from recurlen.faults import FAULT_ENV
-from recurlen.resume import (
+from recurlen.training.experiments.compose import load_experiment, resolved_config
+from recurlen.training.finetune import build_model, check_devices, run_finetune
+from recurlen.training.resume import (
     Damaged,
     config_differences,
     decide,
@@ -23,8 +22,9 @@ from recurlen.resume import (
     record,
     validate_checkpoint,
 )
-from recurlen.runs import RUN_META_KEY, RunDir
-from recurlen.train import build_model, check_devices, run_finetune
+from recurlen.training.run_dir import RUN_META_KEY, RunDir
+from recurlen.util.errors import NonFinite, UserError
+from recurlen.util.faults import FAULT_ENV
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_a_damaged_last_ckpt_is_moved_aside_and_the_newest_intact_one_used(run_c
     cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6")
     run = RunDir(run_copy)
     _damage(run.last_checkpoint, "bit-flip")
-    with caplog.at_level(logging.WARNING, logger="recurlen.resume"):
+    with caplog.at_level(logging.WARNING, logger="recurlen.training.resume"):
         decision = decide(run, "auto", resolved_config(cfg), model_of(cfg), max_steps=6)
     assert decision.checkpoint == str(run.checkpoints / "step=000004.ckpt") and decision.step == 4
     assert not run.last_checkpoint.exists() and (run.checkpoints / "last.ckpt.damaged").is_file()
@@ -202,7 +202,7 @@ def test_changed_settings_are_applied_logged_and_recorded(run_copy, cache_dir, c
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6", "optim.lr=5e-4")
-    with caplog.at_level(logging.INFO, logger="recurlen.resume"):
+    with caplog.at_level(logging.INFO, logger="recurlen.training.resume"):
         run_finetune(cfg)
     notice = [r.getMessage() for r in caplog.records if "changed settings" in r.getMessage()]
     assert len(notice) == 1 and "optim.lr 0.001 -> 0.0005; trainer.max_steps 4 -> 6" in notice[0]
@@ -220,7 +220,7 @@ def test_changed_settings_are_applied_logged_and_recorded(run_copy, cache_dir, c
 
 def test_a_finished_run_trains_nothing_and_records_nothing(run_copy, cache_dir, caplog):
     before = (run_copy / "config.yaml").read_text(), (run_copy / "checkpoints" / "last.ckpt").read_bytes()
-    with caplog.at_level(logging.INFO, logger="recurlen.resume"):
+    with caplog.at_level(logging.INFO, logger="recurlen.training.resume"):
         run_finetune(experiment(run_copy, cache_dir, "optim.lr=3e-3"))
     assert any("nothing to train (changed settings not applied: optim.lr 0.001 -> 0.003)" in r.getMessage()
                for r in caplog.records)
@@ -280,7 +280,7 @@ def test_non_finite_weights_are_never_written(tmp_path, cache_dir, monkeypatch):
 
 
 def test_fitted_noise_file_of_another_model_or_damaged_is_one_line(tmp_path, cache_dir):
-    from recurlen.interventions import FittedNoiseStats
+    from recurlen.training.interventions import FittedNoiseStats
 
     bad = tmp_path / "noise.pt"
     FittedNoiseStats(torch.zeros(3, 8), torch.ones(3, 8)).save(str(bad))
@@ -298,7 +298,7 @@ def test_fitted_noise_file_of_another_model_or_damaged_is_one_line(tmp_path, cac
 
 
 def test_devices_this_machine_lacks_are_one_line_errors():
-    from recurlen.experiment.schema import TrainerSection
+    from recurlen.training.experiments.schema import TrainerSection
 
     with pytest.raises(ValueError, match=r"trainer.devices='0' is not allowed"):
         TrainerSection(devices="0")
@@ -331,7 +331,7 @@ def test_a_roll_back_archives_the_later_checkpoints_so_the_next_resume_stays_on_
     cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6")
     run = RunDir(run_copy)
     older = run.checkpoints / "step=000002.ckpt"
-    with caplog.at_level(logging.INFO, logger="recurlen.resume"):
+    with caplog.at_level(logging.INFO, logger="recurlen.training.resume"):
         decision = decide(run, str(older), resolved_config(cfg), model_of(cfg), max_steps=6)
     assert decision.step == 2 and decision.archived_to
     archived = Path(decision.archived_to)

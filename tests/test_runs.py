@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from recurlen.files import atomic_write, json_safe, write_json
-from recurlen.runs import RUN_META_KEY, RunDir, check_resume, load_model, run_config, run_dir_of
+from recurlen.training.run_dir import RUN_META_KEY, RunDir, check_resume, load_model, run_config, run_dir_of
+from recurlen.util.atomic_files import atomic_write, json_safe, write_json
 
 
 def test_layout_names(tmp_path):
@@ -43,7 +43,7 @@ def test_resume_discovery_picks_the_newest(tmp_path):
 def test_bad_resume_values_are_refused_when_the_config_is_built(value):
     with pytest.raises(ValueError, match=r"resume=.*allowed.*'auto', 'never'"):
         check_resume(value)
-    from recurlen.experiment.compose import load_experiment
+    from recurlen.training.experiments.compose import load_experiment
 
     with pytest.raises(ValueError, match="resume="):
         load_experiment([f"resume={value}"])
@@ -113,7 +113,7 @@ def test_stale_temporaries_of_interrupted_writes_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from recurlen import files
+    from recurlen.util import atomic_files as files
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(gone.stdout)  # a process id that no longer runs

@@ -70,7 +70,7 @@ def test_the_scan_catches_each_kind(bad):
 
 def test_resume_loads_checkpoints_with_weights_only(tmp_path):
     """A checkpoint carrying a pickled object (code on load) is refused by the run checkpoint IO."""
-    from recurlen.train import AtomicCheckpointIO
+    from recurlen.training.finetune import AtomicCheckpointIO
 
     class Planted:
         def __reduce__(self):

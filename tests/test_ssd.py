@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from recurlen.ssd import _ChunkDecay, ssd_chunked, ssd_naive
+from recurlen.models.mamba2.scan import _ChunkDecay, ssd_chunked, ssd_naive
 
 
 def _inputs(batch=2, length=37, nheads=4, headdim=8, d_state=5, ngroups=2, seed=0):
@@ -91,7 +91,7 @@ def test_chunked_gradients_equal_naive_gradients(ngroups, chunk_size, length):
 
 
 def test_chunked_decay_gradcheck():
-    from recurlen.ssd import _ChunkDecay
+    from recurlen.models.mamba2.scan import _ChunkDecay
 
     a = -torch.rand(2, 3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 2
     assert torch.autograd.gradcheck(_ChunkDecay.apply, (a.requires_grad_(),))

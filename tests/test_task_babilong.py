@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from recurlen.tasks.babilong import (
+from recurlen.evaluation.tasks.babilong import (
     ANSWER,
     PROMPT,
     TASK_LABELS,
@@ -16,8 +16,8 @@ from recurlen.tasks.babilong import (
     prompt_text,
     write_babilong_dir,
 )
-from recurlen.tasks.babilong_gen import Haystack, make_story
-from recurlen.tokenizer import ByteTokenizer
+from recurlen.evaluation.tasks.babilong_gen import Haystack, make_story
+from recurlen.util.tokenizers import ByteTokenizer
 
 RECORDS = [
     {"input": "Noise noise. Mary went to the kitchen. More noise.", "question": "Where is Mary?", "target": "kitchen"},
@@ -151,7 +151,7 @@ def test_generator_bad_inputs():
 
 
 def test_config_rejects_unknown_and_ungeneratable_tasks():
-    from recurlen.tasks.config import load_task_experiment
+    from recurlen.evaluation.tasks.config import load_task_experiment
 
     with pytest.raises(ValueError, match="task.babilong.tasks has 'qa0', which does not exist"):
         load_task_experiment(["experiment=babilong", "task.babilong.tasks=[qa0]"])
@@ -164,8 +164,8 @@ def test_config_rejects_unknown_and_ungeneratable_tasks():
 
 
 def test_training_examples_fit_the_context_and_score_the_answer():
-    from recurlen.tasks.babilong import training_example_fn
-    from recurlen.tasks.config import BabilongConfig
+    from recurlen.evaluation.tasks.babilong import training_example_fn
+    from recurlen.evaluation.tasks.config import BabilongConfig
 
     tok = ByteTokenizer()
     make = training_example_fn(BabilongConfig(num_facts=3, haystack="filler"), tok, seq_len=300)
@@ -192,7 +192,7 @@ def test_tiny_babilong_run_writes_results_and_the_records(tmp_path, run_tiny_tas
     means = [np.mean([c["accuracy"] for c in res["cells"] if c["length"] == n]) for n in (0, 224, 300)]
     assert [res["mean_accuracy_by_length"][k] for k in ("0", "224", "300")] == pytest.approx(means)
     assert (path.parent / res["plots"]["figure"]).read_bytes()[:4] == b"\x89PNG"
-    from recurlen.report import write_report
+    from recurlen.commands.report import write_report
 
     text = write_report([path], out_dir=tmp_path / "report").read_text()
     acc = res["accuracy"][1]  # qa2
@@ -203,9 +203,9 @@ def test_tiny_babilong_run_writes_results_and_the_records(tmp_path, run_tiny_tas
 
 
 def test_few_shot_prompt_is_the_release_format_and_fits_lengths_exactly():
-    from recurlen.tasks.babilong import training_example_fn
-    from recurlen.tasks.babilong_prompts import prompt_template
-    from recurlen.tasks.config import BabilongConfig
+    from recurlen.evaluation.tasks.babilong import training_example_fn
+    from recurlen.evaluation.tasks.babilong_prompts import prompt_template
+    from recurlen.evaluation.tasks.config import BabilongConfig
 
     tpl = prompt_template("qa1", "few_shot")
     text = tpl.format(input="CTX", question="Where is Mary?")
@@ -239,8 +239,8 @@ def test_babilong_fine_tunes_a_corpus_post_trained_run(tmp_path, run_tiny_task):
     """The paper's flow for SP / TBTT: corpus post-training with the intervention, then the task fine-tune."""
     import torch
 
-    from recurlen.experiment.compose import load_experiment
-    from recurlen.train import run_finetune
+    from recurlen.training.experiments.compose import load_experiment
+    from recurlen.training.finetune import run_finetune
 
     with pytest.raises(ValueError, match=r"follow the paper: post-train on the corpus with tbptt"):
         run_tiny_task("babilong", "intervention=tbptt")

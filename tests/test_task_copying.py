@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from recurlen.tasks.common import rows_from_examples
-from recurlen.tasks.config import CopyingConfig
-from recurlen.tasks.copying import (
+from recurlen.evaluation.tasks.common import rows_from_examples
+from recurlen.evaluation.tasks.config import CopyingConfig
+from recurlen.evaluation.tasks.copying import (
     CopyingFormat,
     Placed,
     char_accuracy,
@@ -18,7 +18,7 @@ from recurlen.tasks.copying import (
     headline_length,
     summarize,
 )
-from recurlen.tokenizer import ByteTokenizer
+from recurlen.util.tokenizers import ByteTokenizer
 
 
 class Copier(torch.nn.Module):
@@ -177,7 +177,7 @@ def test_summary_mean_and_sample_std_over_seeds():
 
 
 def test_config_and_tokenizer_errors(tmp_path):
-    from recurlen.tasks.config import load_task_experiment
+    from recurlen.evaluation.tasks.config import load_task_experiment
 
     with pytest.raises(ValueError, match=r"interventions has 'tbptt'; allowed: \['none', 'random_noise'"):
         load_task_experiment(["experiment=copying", "task.copying.interventions=[none,tbptt]"])
@@ -194,7 +194,7 @@ def test_config_and_tokenizer_errors(tmp_path):
 
 
 def test_tiny_copying_sweep_trains_each_intervention_through_the_normal_path(tmp_path, run_tiny_task):
-    from recurlen.runs import RUN_META_KEY
+    from recurlen.training.run_dir import RUN_META_KEY
 
     path = run_tiny_task("copying", "data.seq_len=10", "data.batch_size=4", "trainer.max_steps=3",
                          "trainer.val_every_n_steps=3", "task.copying.length=4", "task.copying.seeds=[0]",
@@ -214,7 +214,7 @@ def test_tiny_copying_sweep_trains_each_intervention_through_the_normal_path(tmp
         assert s["stream"]["greedy_char_acc"]["mean"] == r["stream"]["greedy_char_acc"]
     assert res["chance"] == pytest.approx(1 / 26)
     assert (path.parent / res["plots"]["figure"]).read_bytes()[:4] == b"\x89PNG"
-    from recurlen.report import write_report
+    from recurlen.commands.report import write_report
 
     text = write_report([path], out_dir=tmp_path / "report").read_text()
     s = res["summary"]["state_passing"]

@@ -5,8 +5,8 @@ import itertools
 import pytest
 import torch
 
-from recurlen.tasks.config import load_task_experiment
-from recurlen.tasks.datamodules import TaskDataModule, build_task_datamodule, example_fn
+from recurlen.evaluation.tasks.config import load_task_experiment
+from recurlen.evaluation.tasks.datamodules import TaskDataModule, build_task_datamodule, example_fn
 
 
 def _cfg(*overrides):

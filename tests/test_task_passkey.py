@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.tasks.common import greedy_answers
-from recurlen.tasks.passkey import KEY_SENTENCE, PasskeyBuilder, parse_passkey, score_passkey
-from recurlen.tokenizer import ByteTokenizer, load_tokenizer
+from recurlen.evaluation.tasks.common import greedy_answers
+from recurlen.evaluation.tasks.passkey import KEY_SENTENCE, PasskeyBuilder, parse_passkey, score_passkey
+from recurlen.util.tokenizers import ByteTokenizer, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def bpe_tokenizer(tmp_path_factory):
     """A small BPE tokenizer.json trained here (the format of GPT-NeoX-20B's), so merges cross piece boundaries."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from recurlen.tasks.passkey import FILLER, INTRO, QUESTION
+    from recurlen.evaluation.tasks.passkey import FILLER, INTRO, QUESTION
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -107,8 +107,8 @@ def test_stateful_greedy_equals_full_forward_argmax():
 
 
 def test_passkey_datamodule_rows_and_loss_mask():
-    from recurlen.tasks.config import load_task_experiment
-    from recurlen.tasks.datamodules import build_task_datamodule
+    from recurlen.evaluation.tasks.config import load_task_experiment
+    from recurlen.evaluation.tasks.datamodules import build_task_datamodule
 
     cfg = load_task_experiment(["experiment=passkey", "data.seq_len=300", "data.batch_size=4"])
     dm = build_task_datamodule(cfg)
@@ -152,7 +152,7 @@ def test_tiny_passkey_run_writes_results_heatmap_and_tensorboard(tmp_path, run_t
     assert {"passkey/accuracy/depth_0.2", "passkey/accuracy/mean"} <= set(acc.Tags()["scalars"])
     assert [e.step for e in acc.Scalars("passkey/accuracy/mean")] == [256, 320]
     # `recurlen report` reads the task's results.json as it is written.
-    from recurlen.report import write_report
+    from recurlen.commands.report import write_report
 
     text = write_report([path.parent], out_dir=tmp_path / "report").read_text()
     mean = res["mean_accuracy_by_length"]

@@ -18,9 +18,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from recurlen.experiment.compose import load_experiment
-from recurlen.optim import lr_multiplier
-from recurlen.train import run_finetune
+from recurlen.training.experiments.compose import load_experiment
+from recurlen.training.finetune import run_finetune
+from recurlen.training.optim import lr_multiplier
 
 T = 16
 L = 18 * T  # bins up to [16T,32T): the ones that sorted wrongly before the tags were padded

@@ -6,13 +6,13 @@ import lightning as L
 import pytest
 import torch
 
-from recurlen.errors import NonFinite
-from recurlen.experiment.compose import load_experiment
-from recurlen.interventions import INTERVENTIONS, FittedNoiseStats, build_intervention, fit_noise_stats
-from recurlen.lit_module import RecurlenModule
-from recurlen.runs import RUN_META_KEY, load_model
-from recurlen.state import RecurrentState
-from recurlen.train import run_finetune
+from recurlen.models.mamba2.state import RecurrentState
+from recurlen.training.experiments.compose import load_experiment
+from recurlen.training.finetune import run_finetune
+from recurlen.training.interventions import INTERVENTIONS, FittedNoiseStats, build_intervention, fit_noise_stats
+from recurlen.training.lit_module import RecurlenModule
+from recurlen.training.run_dir import RUN_META_KEY, load_model
+from recurlen.util.errors import NonFinite
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +159,8 @@ def test_tbptt_lanes_restart_from_zero_exactly_every_tbptt_segments_resume_inclu
 
 
 def test_fitted_noise_statistics_match_the_fitting_data(tmp_path, cache_dir):
-    from recurlen.data.datamodule import RecurlenDataModule
-    from recurlen.train import build_model
+    from recurlen.training.data.datamodule import RecurlenDataModule
+    from recurlen.training.finetune import build_model
 
     cfg, _ = experiment(tmp_path / "run", cache_dir, "intervention=fitted_noise", "intervention.fit_batches=3")
     dm = RecurlenDataModule(cfg.data)
@@ -247,8 +247,8 @@ def test_resume_after_kill_is_exact(tmp_path, cache_dir, name, refresh):
 
 def _tbptt_module():
     from recurlen import Mamba2LM, preset
-    from recurlen.interventions import InterventionConfig
-    from recurlen.optim import OptimConfig
+    from recurlen.training.interventions import InterventionConfig
+    from recurlen.training.optim import OptimConfig
 
     return RecurlenModule(Mamba2LM(preset("nano")), intervention=InterventionConfig(name="tbptt"),
                           optim=OptimConfig(), seed=0, train_seq_len=16, tokenizer="bytes", total_steps=1)

@@ -1,0 +1,399 @@
+"""recurlen's command line: every command in one table (COMMANDS), each a few lines over a library function.
+
+One argument style: `key=value` settings in any order (for experiments: `experiment=NAME`, `GROUP=CHOICE`
+and dotted overrides), flags only for paths (`--out DIR`, `--checkpoint PATH`), and on every command
+`--help` (generated from the config dataclasses), `--dry-run` (validate and resolve everything, print the
+plan, stop) and `--debug`. Errors that are the user's to fix print one line without a traceback
+(recurlen.util.errors).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+from recurlen.util.arguments import Words, check_dotlist, render_help, settings_help, split_words, suggest
+from recurlen.util.errors import Interrupted, UserError, debug_requested, one_line, user_input
+
+log = logging.getLogger("recurlen")
+
+EXPERIMENT_USAGE = "[experiment=NAME] [GROUP=CHOICE ...] [KEY=VALUE ...]"
+
+
+def _setup_logging() -> None:
+    from recurlen.util.progress import TqdmHandler
+
+    # Only recurlen's own logger gets a handler: Lightning already prints its messages once. The handler
+    # writes through tqdm, so a log line never lands inside a progress bar.
+    root = logging.getLogger("recurlen")
+    if not root.handlers:
+        handler = TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
+    for name in ("lightning.pytorch", "lightning.fabric"):  # Lightning's own console handlers, likewise
+        lightning_log = logging.getLogger(name)
+        for i, old in enumerate(lightning_log.handlers):
+            if type(old) is logging.StreamHandler:
+                new = TqdmHandler(old.stream)
+                new.setFormatter(old.formatter)
+                new.setLevel(old.level)
+                lightning_log.handlers[i] = new
+    # Known-harmless library warnings that would otherwise greet every run.
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
+    warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined.*")
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+# ---- experiments: finetune, config, fit-noise, passkey, babilong, copying -------------------------------------
+
+
+TASK_COMMANDS = ("passkey", "babilong", "copying")
+
+
+def _schema(command: str):
+    """Task commands (and `config`, which prints either kind) compose with the task section; training without."""
+    from recurlen.evaluation.tasks.config import TaskExperimentConfig
+    from recurlen.training.experiments.schema import ExperimentConfig
+
+    return TaskExperimentConfig if command in (*TASK_COMMANDS, "config") else ExperimentConfig
+
+
+def _experiment(w: Words, command: str, default: str = "finetune"):
+    from recurlen.commands.preflight import experiment_plan
+    from recurlen.training.experiments.compose import load_experiment
+
+    with user_input():
+        positional = w.positional()
+        if positional:
+            raise UserError(f"{positional[0]!r} is not a key=value override (e.g. model=780m, trainer.max_steps=100)")
+        cfg, resolved = load_experiment(w.words, default_experiment=default, schema=_schema(command))
+        if command in TASK_COMMANDS and cfg.task.name != command:
+            raise UserError(f"`recurlen {command}` runs experiments with task.name={command}; this one has "
+                            f"task.name={cfg.task.name!r} (pick experiment={command} or set task.name={command})")
+        plan = experiment_plan(cfg, command=command)
+    return cfg, resolved, plan
+
+
+def cmd_finetune(w: Words) -> int:
+    cfg, _, plan = _experiment(w, "finetune")
+    if w.dry_run:
+        return _dry(plan)
+    from recurlen.training.finetune import run_finetune
+
+    run_dir = run_finetune(cfg)
+    log.info("run directory: %s (tensorboard --logdir %s)", run_dir, run_dir)
+    return 0
+
+
+def cmd_config(w: Words) -> int:
+    from omegaconf import OmegaConf
+
+    from recurlen.training.experiments.compose import compose, to_object
+
+    with user_input():
+        cfg = compose(w.words, schema=_schema("config"))
+        to_object(cfg)  # validate before printing
+    _out(OmegaConf.to_yaml(cfg, resolve=True))
+    return 0
+
+
+def cmd_fit_noise(w: Words) -> int:
+    cfg, _, plan = _experiment(w, "fit-noise")
+    if w.dry_run:
+        return _dry(plan + [f"  output       {w.paths.get('out') or cfg.resolved_run_dir + '/fitted_noise.pt'}"])
+    from recurlen.training.finetune import run_fit_noise
+
+    path, stats = run_fit_noise(cfg, w.paths.get("out"))
+    log.info("fitted noise on %d final states of length %d: |mean| %.4g, std %.4g -> %s", stats.num_states,
+             stats.seq_len, stats.mean_KH.abs().mean().item(), stats.std_KH.mean().item(), path)
+    return 0
+
+
+def _task(name: str) -> Callable[[Words], int]:
+    def run(w: Words) -> int:
+        cfg, _, plan = _experiment(w, name, default=name)
+        if w.dry_run:
+            return _dry(plan)
+        from recurlen.evaluation.tasks.runner import run_task
+
+        log.info("%s done: %s", name, run_task(cfg))
+        return 0
+
+    return run
+
+
+def _dry(plan: list[str]) -> int:
+    _out("\n".join(plan + ["dry run: everything resolved; nothing was loaded, trained or written"]))
+    return 0
+
+
+# ---- evaluation: eval, report ------------------------------------------------------------------------------
+
+
+def _eval_inputs(w: Words):
+    """EvalConfig and held-out DataConfig from the words: settings, data=GROUP, data.KEY=VALUE, [label=]paths."""
+    from omegaconf import OmegaConf
+
+    from recurlen.commands.preflight import describe_checkpoint
+    from recurlen.evaluation.heldout import build_data_config
+    from recurlen.evaluation.runner import EvalConfig
+    from recurlen.training.data.config import DataConfig
+
+    names = [f.name for f in fields(EvalConfig) if f.name not in ("checkpoints", "output_dir")]
+    checkpoints, settings, data_group, data_overrides = [], [], None, []
+    with user_input():
+        for word in w.words:
+            key = word.split("=", 1)[0]
+            if key == "data":
+                data_group = word.split("=", 1)[1]
+            elif key.startswith("data."):
+                check_dotlist([word[len("data."):]], DataConfig, what="data setting")
+                data_overrides.append(word)
+            elif "=" in word and key in names:
+                settings.append(word)
+            else:
+                checkpoints.append(word)
+        out_dir = w.paths.get("out", "runs/eval")
+        base = OmegaConf.structured(EvalConfig(checkpoints=checkpoints or ["?"], output_dir=out_dir))
+        cfg = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(settings)))
+        if not checkpoints:
+            raise UserError("no checkpoints given: name one or more run directories, checkpoints or hub ids "
+                            "(`label=path` to name them in the results)")
+        cfg.checkpoints = checkpoints
+        resolved = []
+        for word, (label, path) in zip(checkpoints, cfg.labelled_checkpoints()):
+            try:
+                resolved.append(f"  {label:14s} {describe_checkpoint(path)}")
+            except UserError as err:
+                close = suggest(label, names, n=1) if "=" in word else ""
+                hint = f" (or is {word!r} a misspelt setting{close[:-1]}={path}?)" if close else ""
+                raise UserError(f"{err}{hint}") from None
+        data = build_data_config(cfg.labelled_checkpoints()[0][1], data_group, data_overrides)
+    return cfg, data, resolved
+
+
+def cmd_eval(w: Words) -> int:
+    cfg, data, resolved = _eval_inputs(w)
+    if w.dry_run:
+        from recurlen.commands.preflight import describe_data
+
+        with user_input():
+            held_out = describe_data(data)
+        return _dry(["recurlen eval: plan", *resolved,
+                     f"  held-out       {cfg.num_sequences} sequences of {cfg.seq_len or data.long_val_length} tokens "
+                     f"from {held_out}", f"  tasks          {', '.join(cfg.tasks)}",
+                     f"  output         {cfg.output_dir}"])
+    from recurlen.evaluation.heldout import evaluate_checkpoints
+
+    log.info("wrote %s", evaluate_checkpoints(cfg, data))
+    return 0
+
+
+@dataclass
+class ReportSettings:
+    title: str | None = None
+    """The report's heading (default 'recurlen report')."""
+
+
+def cmd_report(w: Words) -> int:
+    from omegaconf import OmegaConf
+
+    from recurlen.commands.report import read_results, write_report
+
+    with user_input():
+        check_dotlist(w.settings(), ReportSettings)
+        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ReportSettings),
+                                                       OmegaConf.from_dotlist(w.settings())))
+        if not w.positional():
+            raise UserError("no results given: name results.json files or directories holding one")
+        if "out" not in w.paths:
+            raise UserError("--out DIR is required: where report.md, results.json and the plots go")
+        runs, tasks = read_results(w.positional())
+    if w.dry_run:
+        return _dry(["recurlen report: plan", f"  {len(runs)} evaluated runs, {len(tasks)} task results",
+                     f"  output  {w.paths['out']}/report.md, results.json, plots"])
+    log.info("wrote %s", write_report(w.positional(), out_dir=w.paths["out"], title=settings.title))
+    return 0
+
+
+# ---- demo, generate ----------------------------------------------------------------------------------------
+
+
+def cmd_demo(w: Words) -> int:
+    from recurlen.commands.demo import demo_plan, load_demo_config, run_demo
+
+    with user_input():
+        cfg = load_demo_config(w.words)
+        plan = demo_plan(cfg)
+    if w.dry_run:
+        return _dry(plan)
+    root = run_demo(cfg)
+    _out((root / "report.md").read_text())  # the demo's output is its report
+    return 0
+
+
+def cmd_generate(w: Words) -> int:
+    from omegaconf import OmegaConf
+
+    from recurlen.commands.preflight import describe_checkpoint
+    from recurlen.evaluation.generation import GenerateConfig, generate_text
+
+    with user_input():
+        check_dotlist(w.words, GenerateConfig)
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GenerateConfig),
+                                                  OmegaConf.from_dotlist(w.words)))
+        source = describe_checkpoint(w.paths["checkpoint"]) if "checkpoint" in w.paths else f"untrained {cfg.model}"
+    if w.dry_run:
+        return _dry(["recurlen generate: plan", f"  model  {source}", f"  {cfg.max_new_tokens} tokens after "
+                     f"{cfg.prompt!r}"])
+    text, summary = generate_text(cfg, checkpoint=w.paths.get("checkpoint"))
+    _out(text)
+    log.info(summary)
+    return 0
+
+
+# ---- help --------------------------------------------------------------------------------------------------
+
+
+def _experiment_help(command: str, default: str) -> Callable[[Words], str]:
+    def render(w: Words) -> str:
+        from recurlen.training.experiments.compose import available, compose
+        from recurlen.training.experiments.schema import GROUPS
+
+        schema = _schema(command)
+        try:
+            cfg, note = compose(w.words, default_experiment=default, schema=schema), "this experiment's value"
+        except (ValueError, FileNotFoundError) as err:
+            cfg, note = None, f"defaults; the given overrides do not compose: {one_line(err)}"
+        chosen = {g: str(cfg[g].get("name", "")) for g in GROUPS} if cfg is not None else {}
+        groups = [f"  {g:13s} {' | '.join(available(g))}" + (f"   (here: {chosen[g]})" if chosen.get(g) else "")
+                  for g in GROUPS]
+        return render_help(
+            f"recurlen {command} {EXPERIMENT_USAGE} [--dry-run]", COMMANDS[command].summary + ".",
+            [(f"experiment=NAME  an experiment file of experiments/ (default {default}): "
+              f"{', '.join(available(pipelines=False))}", []),
+             ("groups (GROUP=CHOICE loads experiments/GROUP/CHOICE.yaml; the experiment's values, then "
+              "KEY=VALUE overrides, go on top):", groups),
+             (f"settings (KEY=VALUE; shown: type = {note}):", settings_help(schema, cfg))],
+            COMMANDS[command].path_flags)
+
+    return render
+
+
+def _settings_help(command: str, usage: str, cls_path: str, *, skip: tuple[str, ...] = (),
+                   extra: tuple[tuple[str, list[str]], ...] = (),
+                   values: Callable[[Words], object] | None = None) -> Callable[[Words], str]:
+    def render(w: Words) -> str:
+        import importlib
+
+        module, name = cls_path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+        shown = values(w) if values else None
+        title = f"settings (KEY=VALUE; shown: type = {'current value' if shown is not None else 'default'}):"
+        return render_help(f"recurlen {command} {usage}", COMMANDS[command].summary + ".",
+                           [*extra, (title, settings_help(cls, shown, skip=skip))], COMMANDS[command].path_flags)
+
+    return render
+
+
+def _demo_values(w: Words):
+    from recurlen.commands.demo import load_demo_config
+
+    try:
+        return load_demo_config(w.words)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Command:
+    run: Callable[[Words], int]
+    summary: str
+    help: Callable[[Words], str]
+    path_flags: dict[str, str] = field(default_factory=dict)
+
+
+_EVAL_EXTRA = (("checkpoints: [LABEL=]PATH words: run directories, .ckpt files, pretrained directories, hub ids",
+                []),
+               ("held-out data: data=GROUP (experiments/data/), data.KEY=VALUE (DataConfig fields); default: the "
+                "first run's own data", []))
+
+COMMANDS: dict[str, Command] = {
+    "finetune": Command(cmd_finetune, "post-train (or pre-train) a model with an initial-state intervention",
+                        _experiment_help("finetune", "finetune")),
+    "train": Command(cmd_finetune, "alias of finetune", _experiment_help("train", "finetune")),
+    "config": Command(cmd_config, "print the resolved experiment config", _experiment_help("config", "finetune")),
+    "fit-noise": Command(cmd_fit_noise, "fit the fitted-noise statistics on training batches",
+                         _experiment_help("fit-noise", "finetune"),
+                         {"--out": "output file (default <run_dir>/fitted_noise.pt)"}),
+    "eval": Command(cmd_eval, "position-wise loss, reset control, state norms and EffRem of checkpoints",
+                    _settings_help("eval", "[LABEL=]CHECKPOINT ... [KEY=VALUE ...] [data=GROUP] [--out DIR]",
+                                   "recurlen.evaluation.runner.EvalConfig", skip=("checkpoints", "output_dir"),
+                                   extra=_EVAL_EXTRA),
+                    {"--out": "output directory (default runs/eval)"}),
+    "report": Command(cmd_report, "Markdown report with verdicts and plots from results.json files",
+                      _settings_help("report", "RESULTS ... --out DIR [title=TEXT]",
+                                     "recurlen.commands.cli.ReportSettings"),
+                      {"--out": "directory for report.md, the merged results.json and the plots"}),
+    "demo": Command(cmd_demo, "the CPU demo: failure past T and its fix, with a report (make demo)",
+                    _settings_help("demo", "[KEY=VALUE ...]", "recurlen.commands.demo.DemoConfig", skip=("pipeline",),
+                                   values=_demo_values)),
+    "generate": Command(cmd_generate, "greedy continuation from a prompt",
+                        _settings_help("generate", "[--checkpoint PATH] [KEY=VALUE ...]",
+                                       "recurlen.evaluation.generation.GenerateConfig"),
+                        {"--checkpoint": "run directory, .ckpt, pretrained directory or hub id (default: model=)"}),
+    "passkey": Command(_task("passkey"), "passkey retrieval: a key hidden in long prompts",
+                       _experiment_help("passkey", "passkey")),
+    "babilong": Command(_task("babilong"), "BABILong: reasoning over facts hidden in long text",
+                        _experiment_help("babilong", "babilong")),
+    "copying": Command(_task("copying"), "synthetic copying: copy a string after training on shorter ones",
+                       _experiment_help("copying", "copying")),
+}
+
+
+def overview() -> str:
+    lines = ["usage: recurlen COMMAND [KEY=VALUE ...] [--help] [--dry-run] [--debug]", "",
+             __doc__.strip().split("\n\n")[1], "", "commands:"]
+    lines += [f"  {name:10s} {c.summary}" for name, c in COMMANDS.items()]
+    lines += ["", "`recurlen COMMAND --help` lists what a command accepts."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        _out(overview())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        sys.stderr.write(f"recurlen: unknown command {name!r}{suggest(name, COMMANDS)}; allowed: {list(COMMANDS)}\n")
+        return 2
+    command = COMMANDS[name]
+    _setup_logging()
+    try:
+        words = split_words(rest, path_flags=command.path_flags)
+        if words.help:
+            _out(command.help(words))
+            return 0
+        return command.run(words)
+    except Interrupted as err:  # stopped on a signal after writing a checkpoint: resumable, not a success
+        sys.stderr.write(f"recurlen {name}: {err}\n")
+        return err.exit_code
+    except UserError as err:
+        if debug_requested(argv):
+            raise
+        if not getattr(err, "elsewhere", False):  # one line per run, from the rank where it happened
+            sys.stderr.write(f"recurlen {name}: error: {one_line(err)}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""Evaluating checkpoints: the `recurlen eval` runner and its held-out data, generation, and the long-context
+tasks (passkey, BABILong, copying)."""

@@ -1,0 +1,41 @@
+"""What every architecture's config dataclass shares: validation helpers, a padded vocabulary, and the
+dict form saved in checkpoints (`to_dict` / `from_dict`, which refuses unknown keys by name)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, fields
+from typing import Any, TypeVar
+
+C = TypeVar("C", bound="ModelConfig")
+
+
+class ModelConfig:
+    """A mixin for an architecture's config dataclass (fields and __post_init__ are the architecture's)."""
+
+    def check_positive_ints(self, names: Iterable[str]) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"model config: {name} must be a positive integer; got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only (tuples as lists), as a checkpoint's metadata and recurlen_config.json hold it."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls: type[C], d: dict[str, Any]) -> C:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"model config: unknown keys {unknown}; allowed: {sorted(known)}")
+        return cls(**d)
+
+
+def padded(size: int, multiple: int) -> int:
+    """size rounded up to a multiple (embedding rows: 50277 -> 50288 for multiples of 16)."""
+    return int(math.ceil(size / multiple) * multiple)
+
+
+__all__ = ["ModelConfig", "padded"]

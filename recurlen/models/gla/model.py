@@ -1,0 +1,213 @@
+"""GLA language model (flash-linear-attention's GLAForCausalLM) with a carried recurrent state.
+
+    logits, state = model(input_ids, state)        # state in, final state out
+
+Parameter names and shapes are fla's, i.e. those of the fla-hub/gla-* checkpoints:
+    model.embeddings.weight                          (V, D)
+    model.layers.{i}.attn_norm.weight                (D,)
+    model.layers.{i}.attn.q_proj.weight              (key_dim, D)
+    model.layers.{i}.attn.k_proj.weight              (key_dim / groups, D)
+    model.layers.{i}.attn.v_proj.weight              (value_dim / groups, D)
+    model.layers.{i}.attn.g_proj.weight              (value_dim, D)          output gate
+    model.layers.{i}.attn.gk_proj.0.weight           (gate_low_rank_dim, D)  forget gate, low rank
+    model.layers.{i}.attn.gk_proj.1.{weight,bias}    (key_dim / groups, gate_low_rank_dim), (key_dim / groups,)
+    model.layers.{i}.attn.{q,k,v}_conv1d.weight      (channels, 1, conv_size)  only with use_short_conv
+    model.layers.{i}.attn.g_norm_swish_gate.weight   (head_v_dim,)            `g_norm` when fuse_norm is false
+    model.layers.{i}.attn.o_proj.weight              (D, value_dim)
+    model.layers.{i}.mlp_norm.weight                 (D,)
+    model.layers.{i}.mlp.{gate,up}_proj.weight       (I, D)
+    model.layers.{i}.mlp.down_proj.weight            (D, I)
+    model.norm.weight                                (D,)
+    lm_head.weight                                   (V, D)
+
+Legend: B batch, L length, D hidden_size, H heads, K head key dim, V head value dim, I MLP width,
+C conv channels, W conv_size - 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from recurlen.models.causal_conv import causal_conv
+from recurlen.models.gla import kernels
+from recurlen.models.gla.checkpoint import GLA_FORMAT
+from recurlen.models.gla.config import GLAConfig
+from recurlen.models.gla.kernels import KERNELS
+from recurlen.models.gla.scan import gla_chunked, gla_step
+from recurlen.models.gla.state import GLAState
+from recurlen.models.layers import RMSNorm, up
+from recurlen.models.lm import StatefulLM
+
+
+class GatedLinearAttention(nn.Module):
+    def __init__(self, cfg: GLAConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d, g = cfg.hidden_size, cfg.kv_groups
+        self.q_proj = nn.Linear(d, cfg.key_dim, bias=False)
+        self.k_proj = nn.Linear(d, cfg.key_dim // g, bias=False)
+        self.v_proj = nn.Linear(d, cfg.value_dim // g, bias=False)
+        if cfg.use_output_gate:
+            self.g_proj = nn.Linear(d, cfg.value_dim, bias=False)
+        if cfg.use_short_conv:
+            self.q_conv1d, self.k_conv1d, self.v_conv1d = (
+                nn.Conv1d(c, c, cfg.conv_size, groups=c, padding=cfg.conv_size - 1, bias=cfg.conv_bias)
+                for c in (cfg.key_dim, cfg.key_dim // g, cfg.value_dim // g))
+        self.gk_proj = nn.Sequential(nn.Linear(d, cfg.gate_low_rank_dim, bias=False),
+                                     nn.Linear(cfg.gate_low_rank_dim, cfg.key_dim // g, bias=True))
+        self.o_proj = nn.Linear(cfg.value_dim, d, bias=False)
+        norm = RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps)
+        if cfg.use_output_gate and cfg.fuse_norm:
+            self.g_norm_swish_gate = norm
+        else:
+            self.g_norm = norm
+
+    @property
+    def out_norm(self) -> RMSNorm:
+        return self.g_norm_swish_gate if hasattr(self, "g_norm_swish_gate") else self.g_norm
+
+    def _convs(self, x_BLD: torch.Tensor, conv_state_BCW: torch.Tensor):
+        """q, k, v projections, through the short convs (+ SiLU) when configured; the new conv window."""
+        q, k, v = self.q_proj(x_BLD), self.k_proj(x_BLD), self.v_proj(x_BLD)
+        if not self.cfg.use_short_conv:
+            return q, k, v, conv_state_BCW
+        sizes = [q.shape[-1], k.shape[-1], v.shape[-1]]
+        outs, windows = [], []
+        for t, conv, window in zip((q, k, v), (self.q_conv1d, self.k_conv1d, self.v_conv1d),
+                                   conv_state_BCW.split(sizes, dim=1)):
+            out, window = causal_conv(t, conv.weight.squeeze(1), conv.bias, window)
+            outs.append(F.silu(out))
+            windows.append(window)
+        return (*outs, torch.cat(windows, dim=1))
+
+    def _heads(self, q, k, v, gk):
+        cfg = self.cfg
+        q = q.unflatten(-1, (cfg.num_heads, cfg.head_k_dim))
+        k, gk = (t.unflatten(-1, (cfg.num_kv_heads, cfg.head_k_dim)) for t in (k, gk))
+        v = v.unflatten(-1, (cfg.num_kv_heads, cfg.head_v_dim))
+        if cfg.kv_groups > 1:  # each key/value head serves `groups` query heads
+            k, gk, v = (t.repeat_interleave(cfg.kv_groups, dim=-2) for t in (k, gk, v))
+        log_forget = F.logsigmoid(up(gk)) / cfg.gate_logit_normalizer
+        if cfg.clamp_min is not None:
+            log_forget = log_forget.clamp(min=cfg.clamp_min)
+        return q, k, v, log_forget
+
+    def _output(self, o, x):
+        """Per-head RMSNorm of the output, then the swish output gate, then o_proj."""
+        cfg = self.cfg
+        o = self.out_norm(o.to(x.dtype))
+        if cfg.use_output_gate:
+            o = o * F.silu(self.g_proj(x).unflatten(-1, (cfg.num_heads, cfg.head_v_dim)))
+        return self.o_proj(o.flatten(-2))
+
+    def forward(self, x_BLD: torch.Tensor, kv_BHKV: torch.Tensor, conv_BCW: torch.Tensor, *, use_kernels: bool):
+        cfg = self.cfg
+        q, k, v, conv_BCW = self._convs(x_BLD, conv_BCW)
+        q, k, v, g = self._heads(q, k, v, self.gk_proj(x_BLD))
+        scale = cfg.head_k_dim**-0.5
+        if use_kernels:
+            o, kv_BHKV = kernels.chunk_gla(q, k, v, g, scale=scale, initial_state_BHKV=kv_BHKV)
+        else:
+            o, kv_BHKV = gla_chunked(q, k, v, g, scale=scale, chunk_size=cfg.chunk_size, initial_state_BHKV=kv_BHKV)
+        return self._output(o, x_BLD), kv_BHKV, up(conv_BCW)
+
+    def step(self, x_BD: torch.Tensor, kv_BHKV: torch.Tensor, conv_BCW: torch.Tensor):
+        q, k, v, conv_BCW = self._convs(x_BD.unsqueeze(1), conv_BCW)
+        q, k, v, g = self._heads(q, k, v, self.gk_proj(x_BD.unsqueeze(1)))
+        o, kv_BHKV = gla_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], scale=self.cfg.head_k_dim**-0.5,
+                              state_BHKV=up(kv_BHKV))
+        return self._output(o, x_BD), kv_BHKV, up(conv_BCW)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, cfg: GLAConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.mlp_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.mlp_size, bias=False)
+        self.down_proj = nn.Linear(cfg.mlp_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GLABlock(nn.Module):
+    def __init__(self, cfg: GLAConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attn = GatedLinearAttention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.mlp = GatedMLP(cfg)
+
+    def _finish(self, residual: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        residual = residual + mixed
+        return residual + self.mlp(self.mlp_norm(residual))
+
+    def forward(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, torch.Tensor], *, use_kernels: bool):
+        mixed, kv, conv = self.attn(self.attn_norm(hidden), *parts, use_kernels=use_kernels)
+        return self._finish(hidden, mixed), (kv, conv)
+
+    def step(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, torch.Tensor]):
+        mixed, kv, conv = self.attn.step(self.attn_norm(hidden), *parts)
+        return self._finish(hidden, mixed), (kv, conv)
+
+
+class GLABackbone(nn.Module):
+    def __init__(self, cfg: GLAConfig) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([GLABlock(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+
+
+class GLALM(StatefulLM):
+    """GLA LM: embeddings -> (GLA + gated MLP) blocks -> norm -> LM head, with state in and out (the shell is
+    StatefulLM's)."""
+
+    config_cls = GLAConfig
+    state_cls = GLAState
+    kernels = KERNELS
+    official = GLA_FORMAT
+
+    def __init__(self, config: GLAConfig, *, backend: str = "auto") -> None:
+        super().__init__(config, backend=backend)
+        self.model = GLABackbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._init_weights()
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embeddings.weight
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """fla's from-scratch init: N(0, initializer_range) linears and embedding, zero biases, the two residual
+        outputs per block (o_proj, down_proj) rescaled by 1/sqrt(2 K); the forget gates' bias from
+        gate_bias_init_range when set."""
+        cfg = self.config
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv1d, nn.Embedding)):
+                nn.init.normal_(module.weight, std=cfg.initializer_range)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for block in self.model.layers:
+            for lin in (block.attn.o_proj, block.mlp.down_proj):
+                nn.init.kaiming_uniform_(lin.weight, a=math.sqrt(5))
+                lin.weight /= math.sqrt(2 * cfg.num_hidden_layers)
+            if cfg.gate_bias_init_range is not None:
+                block.attn.gk_proj[1].bias.uniform_(*cfg.gate_bias_init_range)
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.model.embeddings
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def finish(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.norm(hidden)
+
+
+__all__ = ["GLALM", "GatedLinearAttention"]

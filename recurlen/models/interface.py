@@ -1,0 +1,120 @@
+"""The recurrent-model interface every architecture provides, and the registry entry that describes one.
+
+Everything above the core (training, interventions, data lanes, callbacks, evaluation, tasks, runs)
+talks to a model only through this interface:
+
+    logits, state = model(ids_BL, state)            # state in (None = zeros), final state out
+    hidden, state = model.forward_hidden(ids_BL, state);  logits = model.logits_from_hidden(hidden)
+    logits_BV, state = model.step(ids_B, state)     # one token, for generation
+    model.zero_state(batch, device=...)             # a typed LayeredState (see layered_state.py)
+    model.config                                    # the architecture's config dataclass (to_dict/from_dict)
+    model.save_pretrained(dir) / Arch.load_pretrained(dir)   # the architecture's official format
+    model.backend                                   # 'auto' | 'torch' | 'kernel'
+
+and the state's own operations (reset per lane, detach, index / cat lanes, to, state_dict, per-layer
+norms, the recurrent parts state passing carries, the groups fitted noise is fitted over).
+
+An architecture is one folder of recurlen/models/ (config, state, scan, kernels, model, its `ARCHITECTURE`
+entry); nothing outside its folder asks which architecture a model is. The shell every LM shares is
+recurlen.models.lm.StatefulLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from recurlen.models import official
+from recurlen.models.lm import StatefulLM
+from recurlen.models.state import LayeredState
+
+
+@runtime_checkable
+class RecurrentLM(Protocol):
+    """What recurlen needs from a language model (Mamba2LM, Mamba1LM and GLALM provide it)."""
+
+    config: Any
+    backend: str
+
+    def __call__(self, input_ids: torch.Tensor, state: LayeredState | None = None, *,
+                 backend: str | None = None) -> tuple[torch.Tensor, LayeredState]: ...
+
+    def forward_hidden(self, input_ids: torch.Tensor, state: LayeredState | None = None, *,
+                       backend: str | None = None) -> tuple[torch.Tensor, LayeredState]: ...
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def step(self, input_ids_B: torch.Tensor, state: LayeredState | None = None) -> tuple[torch.Tensor, LayeredState]:
+        ...
+
+    def zero_state(self, batch: int, *, device: torch.device | str | None = None) -> LayeredState: ...
+
+    def save_pretrained(self, directory: str, *, dtype: torch.dtype = torch.float32) -> None: ...
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """An architecture's entry in the registry: its LM class (which names its config, state type, kernels and
+    checkpoint format) and how it is named and shown."""
+
+    name: str
+    """Registry key, used in configs, run metadata and commands (mamba2, mamba1, gla)."""
+    title: str
+    """Human name for reports (Mamba-2, ...)."""
+    model_cls: type[StatefulLM]
+    prefix: str
+    """Model names in experiments/model/ are prefix + preset ('' for Mamba-2: tiny, 780m; mamba1-790m; gla-340m)."""
+    presets: dict[str, dict[str, Any]]
+    official_marker: str
+    """Part of an official checkpoint's directory / hub name (mamba2-, mamba-, gla-)."""
+    official_seq_len: int = 2048
+    """The context the official checkpoints were pre-trained at (what 'past T' means for them)."""
+
+    @property
+    def config_cls(self) -> type:
+        return self.model_cls.config_cls
+
+    @property
+    def state_cls(self) -> type[LayeredState]:
+        return self.model_cls.state_cls
+
+    def recognises(self, raw: dict[str, Any]) -> bool:
+        """True for an official config.json of this architecture."""
+        return self.config_cls.recognises(raw)
+
+    def describe(self, config: Any) -> str:
+        """One line for reports: the shape of a config."""
+        return config.describe()
+
+    def official_train_seq_len(self, directory: Path) -> int | None:
+        return self.official_seq_len if self.official_marker in str(directory) else None
+
+    def preset(self, name: str, **overrides: Any):
+        """A preset by its own name (tiny) or its model name (mamba1-tiny)."""
+        key = name[len(self.prefix):] if self.prefix and name.startswith(self.prefix) else name
+        if key not in self.presets:
+            raise ValueError(f"unknown {self.title} preset {name!r}; allowed: {sorted(self.presets)}")
+        return self.config_cls(**{**self.presets[key], **overrides})
+
+    def model_names(self) -> list[str]:
+        return sorted(self.prefix + key for key in self.presets)
+
+    def config_from_dict(self, d: dict[str, Any]):
+        return self.config_cls.from_dict(dict(d))
+
+    def build(self, config, *, backend: str = "auto") -> StatefulLM:
+        return self.model_cls(config, backend=backend)
+
+    def load_state_dict(self, model: StatefulLM, state_dict: dict[str, torch.Tensor], source: str) -> None:
+        """Strict load of official-named weights into a model (missing / extra / mis-shaped keys raise)."""
+        official.load_strict(model, state_dict, self.model_cls.official, source=source)
+
+    def load_pretrained(self, directory: Path, *, backend: str = "auto", device=None,
+                        dtype: torch.dtype = torch.float32) -> StatefulLM:
+        return self.model_cls.from_pretrained(str(directory), backend=backend, device=device, dtype=dtype)
+
+
+__all__ = ["Architecture", "RecurrentLM"]

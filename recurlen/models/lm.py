@@ -1,0 +1,165 @@
+"""The LM shell, written once for every architecture:
+
+    logits, state = model(ids_BL, state)            # state in (None = zeros), final state out
+    hidden, state = model.forward_hidden(ids_BL, state);  logits = model.logits_from_hidden(hidden)
+    logits_BV, state = model.step(ids_B, state)     # one token, for generation
+    model.zero_state(batch)                         # the architecture's LayeredState
+
+Backend choice, the input and state checks, the block loop (a whole sequence, or one token), the head, and
+official-format loading and saving live here. An architecture's LM subclasses `StatefulLM`, builds its modules
+under their official names in `__init__` (so checkpoints load without renaming), and says:
+
+    config_cls, state_cls   its config dataclass and its LayeredState type
+    kernels                 its optional kernels (a KernelPath)
+    official                its checkpoint format (an OfficialFormat)
+    embedding, layers       the nn.Embedding and the ModuleList of blocks
+    start(hidden) / finish(carry)   what flows between blocks (default: the hidden states) and the final norm
+
+A block is called as `carry, parts = block(carry, parts, use_kernels=...)` and `block.step(carry, parts)`, where
+`parts` is that layer's state as a tuple in the state type's field order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from recurlen.models import official
+from recurlen.models.backends import KernelPath, check_backend
+from recurlen.models.official import OfficialFormat
+from recurlen.models.state import LayeredState
+from recurlen.util.hub import resolve_pretrained_dir
+
+
+class StatefulLM(nn.Module):
+    config_cls: ClassVar[type]
+    state_cls: ClassVar[type[LayeredState]]
+    kernels: ClassVar[KernelPath]
+    official: ClassVar[OfficialFormat]
+
+    def __init__(self, config: Any, *, backend: str = "auto") -> None:
+        super().__init__()
+        self.config = config
+        self.backend = backend
+        self.score_padded_vocab = False
+        """True: logits over the whole padded head, normalised as the reference models do (50288 rows for the
+        Pile Mamba-2 models); False (default): only the vocab_size real rows."""
+
+    # ------------------------------------------------------------------ what an architecture provides
+    @property
+    def embedding(self) -> nn.Embedding:
+        raise NotImplementedError
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        raise NotImplementedError
+
+    def start(self, hidden: torch.Tensor) -> Any:
+        """The carry into the first block (default: the embedded tokens)."""
+        return hidden
+
+    def finish(self, carry: Any) -> torch.Tensor:
+        """The final hidden states (after the last norm) from the carry out of the last block."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ backend
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        self._backend = check_backend(value)
+
+    def _use_kernels(self, device: torch.device, backend: str | None) -> bool:
+        return self.kernels.uses_kernels(self.backend if backend is None else backend, device)
+
+    # ------------------------------------------------------------------ state and checks
+    def zero_state(self, batch: int, *, device: torch.device | str | None = None) -> LayeredState:
+        device = self.embedding.weight.device if device is None else device
+        return self.state_cls.zeros_for(self.config, batch, device=device)
+
+    def _check_state(self, state: LayeredState | None, batch: int, device: torch.device) -> LayeredState:
+        want = self.zero_state(batch, device=device)
+        if state is None:
+            return want
+        if not isinstance(state, self.state_cls):
+            raise ValueError(f"state must be a {self.state_cls.__name__} or None; got {type(state).__name__}")
+        state.check_like(want)
+        return state
+
+    @staticmethod
+    def _check_ids(input_ids: torch.Tensor, ndim: int) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != ndim or \
+                input_ids.dtype not in (torch.int64, torch.int32):
+            want = "(batch, length)" if ndim == 2 else "(batch,)"
+            got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else \
+                type(input_ids).__name__
+            raise ValueError(f"input_ids must be an integer tensor of shape {want}; got {got}")
+
+    # ------------------------------------------------------------------ forward
+    def forward_hidden(self, input_ids_BL: torch.Tensor, state: LayeredState | None = None, *,
+                       backend: str | None = None) -> tuple[torch.Tensor, LayeredState]:
+        """Final hidden states (after the last norm) and the final recurrent state."""
+        self._check_ids(input_ids_BL, 2)
+        batch, length = input_ids_BL.shape
+        if length == 0:
+            raise ValueError("input_ids has length 0; need at least one token")
+        device = input_ids_BL.device
+        state = self._check_state(state, batch, device)
+        use_kernels = self._use_kernels(device, backend)
+        carry = self.start(self.embedding(input_ids_BL))
+        finals = []
+        for i, block in enumerate(self.layers):
+            carry, parts = block(carry, state.layer(i), use_kernels=use_kernels)
+            finals.append(parts)
+        return self.finish(carry), self.state_cls.from_layers(finals)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        # Rows past vocab_size are padding and never targets. Dropping them from the weight (a contiguous
+        # view of its first rows) rather than from the logits keeps the logits contiguous, and the
+        # backward's zero-filled buffer the size of the weight, not of (tokens x vocab).
+        weight = self.lm_head.weight
+        return F.linear(hidden, weight if self.score_padded_vocab else weight[: self.config.vocab_size])
+
+    def forward(self, input_ids: torch.Tensor, state: LayeredState | None = None, *,
+                backend: str | None = None) -> tuple[torch.Tensor, LayeredState]:
+        """(batch, length) token ids [+ initial state] -> logits (batch, length, vocab), final state."""
+        hidden, state = self.forward_hidden(input_ids, state, backend=backend)
+        return self.logits_from_hidden(hidden), state
+
+    @torch.no_grad()
+    def step(self, input_ids_B: torch.Tensor, state: LayeredState | None = None) -> tuple[torch.Tensor, LayeredState]:
+        """One token per row: (batch,) ids -> logits (batch, vocab), next state. For generation."""
+        self._check_ids(input_ids_B, 1)
+        state = self._check_state(state, input_ids_B.shape[0], input_ids_B.device)
+        carry = self.start(self.embedding(input_ids_B))
+        finals = []
+        for i, block in enumerate(self.layers):
+            carry, parts = block.step(carry, state.layer(i))
+            finals.append(parts)
+        return self.logits_from_hidden(self.finish(carry)), self.state_cls.from_layers(finals)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ------------------------------------------------------------------ checkpoints
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str, *, backend: str = "auto", device: str | torch.device | None = None,
+                        dtype: torch.dtype = torch.float32) -> StatefulLM:
+        """Load an official-format directory (config.json + weights) or a hub id from the local cache."""
+        directory = resolve_pretrained_dir(str(path_or_hub_id))
+        model = cls(official.read_config(directory, cls.config_cls), backend=backend)
+        official.load_strict(model, official.read_state_dict(directory, cls.official), cls.official,
+                             source=str(directory))
+        return model.to(device=device, dtype=dtype)
+
+    def save_pretrained(self, directory: str, *, dtype: torch.dtype = torch.float32) -> None:
+        """Write config.json + the weights in the architecture's official layout."""
+        official.save(self, directory, self.official, dtype=dtype)
+
+
+__all__ = ["StatefulLM"]

@@ -1,0 +1,167 @@
+"""The SSD scan of Mamba-2 in pure PyTorch: chunked (the CPU path and the oracle) and per token.
+
+Recurrence per head, for t = 0..L-1 (h_{-1} = initial state):
+    h_t = exp(dt_t * A) * h_t-1 + dt_t * x_t B_t^T        h: (P, N)
+    y_t = h_t C_t
+(the D skip and the gate live in the mixer). The chunked form splits L into chunks of length
+l: inside a chunk it is a masked (l x l) "attention" with decays exp(segsum); across chunks a
+state is passed sequentially, so the cost is linear in the number of chunks.
+
+Legend: B batch, L length, H heads, P headdim, N d_state, G groups (r = H/G heads each, R = r*P rows),
+c chunks, l/s chunk positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from recurlen.models.layers import up
+
+
+def _heads_from_groups(t_BLGN: torch.Tensor, nheads: int) -> torch.Tensor:
+    ngroups = t_BLGN.shape[2]
+    return t_BLGN if ngroups == nheads else t_BLGN.repeat_interleave(nheads // ngroups, dim=2)
+
+
+class _ChunkDecay(torch.autograd.Function):
+    """exp(segsum(a)) over the last dim: (..., l) -> (..., l, l), zero above the diagonal.
+
+    segsum[l, s] = a[s+1] + ... + a[l] is the difference of float64 cumulative sums, exact enough
+    that float32 never cancels. The backward is written out: autograd through a masked (l x l)
+    cumsum costs more than the rest of the scan on CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, a_l: torch.Tensor) -> torch.Tensor:
+        l = a_l.shape[-1]
+        cs = a_l.double().cumsum(dim=-1)
+        # A 0/1 float mask: multiplying by it is ~3x faster on CPU than masked_fill_ with a bool one.
+        causal_ls = torch.ones(l, l, dtype=a_l.dtype, device=a_l.device).tril()
+        seg_ls = (cs.unsqueeze(-1) - cs.unsqueeze(-2)).to(a_l.dtype).mul_(causal_ls)
+        # No -inf mask and a floor at log(smallest normal): CPU exp is 5-30x slower where its result
+        # underflows (-inf included). The floor moves no decay by more than finfo.tiny.
+        floor = math.log(torch.finfo(seg_ls.dtype).tiny)
+        decay_ls = seg_ls.clamp_(min=floor).exp_().mul_(causal_ls)
+        ctx.save_for_backward(decay_ls)
+        return decay_ls
+
+    @staticmethod
+    def backward(ctx, grad_ls: torch.Tensor) -> torch.Tensor:
+        (decay_ls,) = ctx.saved_tensors
+        g_ls = grad_ls * decay_ls  # d/d segsum; zero above the diagonal, the diagonal cancels below
+        g_cs = g_ls.sum(dim=-1) - g_ls.sum(dim=-2)  # segsum[l, s] = cs[l] - cs[s]
+        return g_cs.flip(-1).cumsum(dim=-1).flip(-1)  # cs = cumsum(a)
+
+
+def ssd_chunked(
+    x_BLHP: torch.Tensor,
+    dt_BLH: torch.Tensor,
+    A_H: torch.Tensor,
+    B_BLGN: torch.Tensor,
+    C_BLGN: torch.Tensor,
+    *,
+    chunk_size: int,
+    initial_state_BHPN: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked SSD. dt is already positive (after softplus). Returns y and the final state in float32.
+
+    C.B^T is formed once per group and shared by the group's heads (one group in the official
+    models: H times less work than per head, and no H-fold copies of B and C); only decays are per head.
+    """
+    batch, length, nheads, headdim = x_BLHP.shape
+    ngroups, d_state = B_BLGN.shape[-2:]
+    r = nheads // ngroups
+    # float32 inside: the decays are products of up to L numbers in (0, 1].
+    x, dt, A, B, C = up(x_BLHP), up(dt_BLH), up(A_H), up(B_BLGN), up(C_BLGN)
+
+    # A chunk longer than the input only adds padded work; the result does not depend on the chunk size.
+    chunk_size = max(1, min(chunk_size, length))
+    # Pad the end only: padded steps have dt = 0, i.e. decay 1 and no input, so they leave the
+    # final state untouched and their outputs are cut off below.
+    pad = (-length) % chunk_size
+    if pad:
+        x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
+        dt = F.pad(dt, (0, 0, 0, pad))
+    c, l = (length + pad) // chunk_size, chunk_size
+
+    X_BclHP = (x * dt.unsqueeze(-1)).view(batch, c, l, nheads, headdim)
+    B_BcGln = B.view(batch, c, l, ngroups, d_state).transpose(2, 3)
+    C_BcGln = C.view(batch, c, l, ngroups, d_state).transpose(2, 3)
+    Adt_BcHl = (dt * A).view(batch, c, l, nheads).transpose(2, 3)
+    Acum_BcHl = Adt_BcHl.cumsum(dim=-1)
+
+    # 1. Within chunks: y_l = sum_{s<=l} (C_l . B_s) exp(sum_{s<k<=l} A dt_k) dt_s x_s.
+    CB_BcGls = C_BcGln @ B_BcGln.transpose(-1, -2)
+    decay_BcGrls = _ChunkDecay.apply(Adt_BcHl).unflatten(2, (ngroups, r))
+    scores_BcHls = (CB_BcGls.unsqueeze(3) * decay_BcGrls).flatten(2, 3)
+    y_diag_BcHlP = scores_BcHls @ X_BclHP.transpose(2, 3)
+
+    # 2. State contributed by each chunk alone, decayed to the chunk's end. The per-head decay goes
+    # into x, so the r * headdim rows of a group meet the group's B in one matmul.
+    decay_to_end_BclH = torch.exp(Acum_BcHl[..., -1:] - Acum_BcHl).transpose(2, 3)
+    Xd_BclGR = (X_BclHP * decay_to_end_BclH.unsqueeze(-1)).view(batch, c, l, ngroups, r * headdim)
+    chunk_states_BcHPN = (Xd_BclGR.permute(0, 1, 3, 4, 2) @ B_BcGln).view(batch, c, nheads, headdim, d_state)
+
+    # 3. Pass the state across chunks sequentially: linear in the number of chunks.
+    chunk_decay_BcH = torch.exp(Acum_BcHl[..., -1])
+    if initial_state_BHPN is None:
+        state = torch.zeros(batch, nheads, headdim, d_state, device=x.device, dtype=x.dtype)
+    else:
+        state = initial_state_BHPN.to(x.dtype)
+    states_in = []
+    # unbind, not [:, k]: each index would zero-fill a full-size gradient in the backward.
+    for decay_BH, chunk_state_BHPN in zip(chunk_decay_BcH.unbind(1), chunk_states_BcHPN.unbind(1)):
+        states_in.append(state)
+        state = decay_BH[:, :, None, None] * state + chunk_state_BHPN
+    states_in_BcGRN = torch.stack(states_in, dim=1).view(batch, c, ngroups, r * headdim, d_state)
+
+    # 4. Contribution of the state entering each chunk to the chunk's outputs (C per group again).
+    y_off_BclHP = (C_BcGln @ states_in_BcGRN.transpose(-1, -2)).transpose(2, 3).reshape(X_BclHP.shape)
+    y_off_BclHP = y_off_BclHP * torch.exp(Acum_BcHl).transpose(2, 3).unsqueeze(-1)
+
+    y_BLHP = (y_off_BclHP + y_diag_BcHlP.transpose(2, 3)).reshape(batch, c * l, nheads, headdim)[:, :length]
+    return y_BLHP, state
+
+
+def ssd_step(
+    x_BHP: torch.Tensor,
+    dt_BH: torch.Tensor,
+    A_H: torch.Tensor,
+    B_BGN: torch.Tensor,
+    C_BGN: torch.Tensor,
+    state_BHPN: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the recurrence (generation, and the naive reference)."""
+    nheads = x_BHP.shape[1]
+    dtype = state_BHPN.dtype
+    x, dt, A = x_BHP.to(dtype), dt_BH.to(dtype), A_H.to(dtype)
+    B = _heads_from_groups(B_BGN.unsqueeze(1), nheads).squeeze(1).to(dtype)
+    C = _heads_from_groups(C_BGN.unsqueeze(1), nheads).squeeze(1).to(dtype)
+    decay_BH = torch.exp(dt * A)
+    state = decay_BH[..., None, None] * state_BHPN + (dt[..., None] * x)[..., None] * B[:, :, None, :]
+    y_BHP = torch.einsum("bhpn,bhn->bhp", state, C)
+    return y_BHP, state
+
+
+def ssd_naive(
+    x_BLHP: torch.Tensor,
+    dt_BLH: torch.Tensor,
+    A_H: torch.Tensor,
+    B_BLGN: torch.Tensor,
+    C_BLGN: torch.Tensor,
+    *,
+    initial_state_BHPN: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token recurrence in the dtype of the inputs: the reference for tests."""
+    batch, length, nheads, headdim = x_BLHP.shape
+    state = initial_state_BHPN
+    if state is None:
+        state = x_BLHP.new_zeros(batch, nheads, headdim, B_BLGN.shape[-1])
+    ys = []
+    for t in range(length):
+        y, state = ssd_step(x_BLHP[:, t], dt_BLH[:, t], A_H, B_BLGN[:, t], C_BLGN[:, t], state)
+        ys.append(y)
+    return torch.stack(ys, dim=1), state

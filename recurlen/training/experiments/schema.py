@@ -1,0 +1,177 @@
+"""Typed schema of an experiment. Every YAML under experiments/ is merged onto these dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from recurlen.models import registry
+from recurlen.models.backends import BACKENDS
+from recurlen.training.data.config import DataConfig
+from recurlen.training.interventions import INTERVENTIONS, InterventionConfig
+from recurlen.training.optim import OptimConfig
+from recurlen.training.run_dir import check_resume
+
+GROUPS = ("model", "intervention", "data", "trainer")
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", "single_device")
+
+
+@dataclass
+class ModelSection:
+    name: str = "tiny"
+    """A model name from experiments/model/ (Mamba-2: nano ... 2.7b; mamba1-*; gla-*) or 'custom'."""
+    architecture: str = "mamba2"
+    """mamba2, mamba1 or gla (see recurlen.models.interface); decides what `arch` holds."""
+    pretrained: str | None = None
+    """Weights to start from: an official directory, a hub id in the local cache, or a recurlen run
+    checkpoint / run directory. None trains from the initialisation given by `arch`."""
+    backend: str = "auto"
+    """'auto' (kernels on CUDA when installed), 'torch', or 'kernel'."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """Shape and initialisation: fields of the architecture's config (Mamba2Config, Mamba1Config, GLAConfig;
+    unset fields keep its defaults); ignored (the checkpoint's config wins) when `pretrained` is set."""
+    default_data: str | None = None
+    """The data group used with this model unless the command line picks one (official models: pile)."""
+    pretrain_lr: float | None = None
+    """Peak learning rate the checkpoint was pre-trained with (official models: see experiments/model/*.yaml);
+    post-training uses a fraction of it (optim.lr_from_pretrain)."""
+
+    def __post_init__(self) -> None:
+        a = registry.get(self.architecture)
+        if self.name not in a.model_names() and self.name != "custom":
+            raise ValueError(f"model.name={self.name!r} is unknown for architecture={self.architecture}; allowed: "
+                             f"{a.model_names()} or 'custom'")
+        a.config_from_dict(self.arch)  # validates the arch fields (unknown keys and bad values name themselves)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"model.backend={self.backend!r} is unknown; allowed: {list(BACKENDS)}")
+        if self.pretrain_lr is not None and not self.pretrain_lr > 0:
+            raise ValueError(f"model.pretrain_lr must be > 0 or null; got {self.pretrain_lr}")
+
+    @property
+    def config(self):
+        """The architecture's typed config built from `arch`."""
+        return registry.get(self.architecture).config_from_dict(self.arch)
+
+
+@dataclass
+class TrainerSection:
+    max_steps: int = 500
+    """Optimizer steps (the paper post-trains for 500, ~0.1% of pre-training)."""
+    accumulate_grad_batches: int = 1
+    """Micro-batches per optimizer step."""
+    accelerator: str = "auto"
+    """'auto', 'cpu' or 'gpu' (Lightning's names)."""
+    devices: str = "auto"
+    """'auto', a count, or a comma list of ids; per node."""
+    num_nodes: int = 1
+    """Machines; devices are per node."""
+    strategy: str = "auto"
+    """auto, ddp, fsdp, ... (Lightning's names). Each rank owns its lanes and their states."""
+    precision: str = "auto"
+    """'auto' = bf16-mixed on CUDA (fp32 master weights), 32-true elsewhere."""
+    val_every_n_steps: int = 100
+    """Run validation (and the diagnostics callbacks) every this many optimizer steps; 0 = only at the end."""
+    limit_val_batches: int = 8
+    """Batches of held-out segments that val/loss averages per validation."""
+    log_every_n_steps: int = 10
+    """Log train/* scalars every this many optimizer steps."""
+    checkpoint_every_n_steps: int = 100
+    """Keep a step checkpoint every this many steps (plus last.ckpt); 0 = only last.ckpt at the end."""
+    num_threads: int | None = None
+    """torch.set_num_threads on CPU; None leaves torch's default."""
+    progress_bar: bool = True
+    """The step progress bar (step n/max, tokens/s)."""
+    slurm_auto_requeue: bool = True
+    """Under SLURM, requeue the job on the pre-emption signal; it resumes from last.ckpt."""
+    deterministic: bool = False
+    """torch deterministic algorithms (slower)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "accumulate_grad_batches", "num_nodes", "limit_val_batches", "log_every_n_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1; got {getattr(self, name)}")
+        for name in ("val_every_n_steps", "checkpoint_every_n_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0; got {getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"trainer.precision={self.precision!r} is unknown; allowed: {list(PRECISIONS)}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"trainer.strategy={self.strategy!r} is unknown; allowed: {list(STRATEGIES)}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"trainer.num_threads must be >= 1 or null; got {self.num_threads}")
+        devices = str(self.devices).strip()
+        ids = [d.strip() for d in devices.split(",") if d.strip()]
+        if devices == "0" or not (devices in ("auto", "-1") or (devices.isdigit() and int(devices) >= 1)
+                                  or ("," in devices and ids and all(d.isdigit() for d in ids))):
+            raise ValueError(f"trainer.devices={self.devices!r} is not allowed; need 'auto', a count >= 1, -1 (every "
+                             "device) or a comma list of device ids such as '0,1' (devices=0 would train on nothing)")
+
+
+@dataclass
+class DiagnosticsConfig:
+    positionwise: bool = True
+    """Position-wise loss / perplexity (and the reset control) on the long held-out sequences."""
+    state_norm: bool = True
+    """State norm / std by position, per layer."""
+    effrem: bool = False
+    """Effective Remembrance (costly: one suffix run per grid point)."""
+    chunk_len: int | None = None
+    """Evaluation chunk length (state carried between chunks); None = 4 * train length."""
+    bins: str = "multiples"
+    """'multiples' of the training context ([0,T), [T,2T), [2T,4T), ...) or 'log' spaced."""
+    num_sequences: int | None = None
+    """Long sequences to evaluate (None: all the DataModule provides)."""
+    effrem_T_factor: int = 4
+    """EffRem's T as a multiple of the training context (paper: 4x)."""
+    effrem_points: int = 8
+    """Points of the t-grid in [0, T]."""
+    every_n_val: int = 1
+    """Run the diagnostics every n-th validation."""
+    state_layers: list[int] = field(default_factory=list)
+    """Layers whose state norm / std get TensorBoard scalars of their own; the mean over layers always does."""
+
+    def __post_init__(self) -> None:
+        if self.bins not in ("multiples", "log"):
+            raise ValueError(f"diagnostics.bins={self.bins!r} is unknown; allowed: ['multiples', 'log']")
+        for name in ("effrem_T_factor", "effrem_points", "every_n_val"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"diagnostics.{name} must be >= 1; got {getattr(self, name)}")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = ""
+    """Experiment name (the experiment file's); part of the default run directory."""
+    run_dir: str | None = None
+    """Where checkpoints, TensorBoard logs and the resolved config go. Default runs/<name>/<model>-<intervention>,
+    so that runs of other models or interventions never resume from each other's checkpoints."""
+    resume: str = "auto"
+    """'auto' continues the run in run_dir from its newest intact checkpoint (changed settings: see the README's
+    resume rules), 'never' starts a new run and refuses a run_dir that holds one, 'archive' moves that run to
+    run_dir/archive/<time>/ and starts a new one, or the path of a .ckpt to continue from."""
+    seed: int = 0
+    """Seeds the initialisation, the data order and the interventions' randomness."""
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    intervention: InterventionConfig = field(default_factory=InterventionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+
+    @property
+    def resolved_run_dir(self) -> str:
+        if self.run_dir:
+            return self.run_dir
+        return f"runs/{self.name}/{self.model.name}-{self.intervention.name}"
+
+    def __post_init__(self) -> None:
+        check_resume(self.resume)
+
+    def validate(self) -> None:
+        """Rules that span sections."""
+        if self.intervention.name == "tbptt" and self.data.layout != "contiguous":
+            raise ValueError("intervention tbptt needs data.layout=contiguous (each lane must continue its stream); "
+                             f"got data.layout={self.data.layout!r}")
+        if self.intervention.name not in INTERVENTIONS:  # pragma: no cover - InterventionConfig already checks
+            raise ValueError(f"unknown intervention {self.intervention.name!r}")

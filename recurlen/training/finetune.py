@@ -1,0 +1,299 @@
+"""`recurlen finetune`: build the model, data, module and Trainer from an experiment config and fit.
+
+What the run directory holds, and how a run resumes, is `recurlen.training.run_dir`'s business.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
+
+from recurlen.models import registry
+from recurlen.models.interface import RecurrentLM
+from recurlen.training.data.datamodule import RecurlenDataModule
+from recurlen.training.experiments.compose import resolved_config
+from recurlen.training.experiments.schema import ExperimentConfig
+from recurlen.training.interventions import FittedNoise, build_intervention, fit_noise_stats
+from recurlen.training.lit_module import RecurlenModule
+from recurlen.training.preemption import Preemption
+from recurlen.training.progress_bar import StepProgressBar
+from recurlen.training.resume import decide, newest_finite_checkpoint, record
+from recurlen.training.run_dir import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
+from recurlen.util.atomic_files import save_torch, write_json
+from recurlen.util.errors import Interrupted, NonFinite, UserError
+from recurlen.util.tensorboard import RunTensorBoardLogger
+
+log = logging.getLogger(__name__)
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in str(record.getMessage())
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary sibling and rename it: a crash never leaves a torn file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._preloaded: tuple[str, dict] | None = None
+
+    def preload(self, path: str, checkpoint: dict) -> None:
+        """The resume decision already read and checked this checkpoint: hand it over instead of reading it again."""
+        self._preloaded = (str(Path(path)), checkpoint)
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        save_torch(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        if self._preloaded is not None and self._preloaded[0] == str(Path(path)):
+            checkpoint, self._preloaded = self._preloaded[1], None
+            return checkpoint
+        # Never unpickle code, whatever torch's default or the caller asks: a checkpoint handed over is data.
+        return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """step=N.ckpt every N steps plus last.ckpt, which is also written when training ends off the interval.
+
+    The version counter is off: last.ckpt is always the same file (replaced atomically), never last-v1.ckpt.
+    """
+
+    def __init__(self, dirpath: Path, every_n_train_steps: int) -> None:
+        super().__init__(dirpath=dirpath, filename=STEP_CHECKPOINT, auto_insert_metric_name=False,
+                         every_n_train_steps=every_n_train_steps, save_top_k=-1, save_last=True,
+                         enable_version_counter=False)
+        self.CHECKPOINT_NAME_LAST = LAST_CHECKPOINT.removesuffix(self.FILE_EXTENSION)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        # Recent Lightning saves last on train end itself; older versions do not. Never save twice.
+        if getattr(self, "_last_global_step_saved", None) != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class RankSummary(Callback):
+    """Each rank records the lanes it trained on: proof that ranks never share a lane."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.lanes: set[int] = set()
+        self.steps = 0
+        self.last_loss: float | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.lanes.update(int(x) for x in batch["lane"].tolist())
+        self.steps += 1
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.last_loss = float(loss.detach()) if loss is not None else None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        summary = {"global_rank": trainer.global_rank, "world_size": trainer.world_size,
+                   "node_rank": trainer.node_rank, "lanes": sorted(self.lanes), "micro_steps": self.steps,
+                   "global_step": trainer.global_step, "last_loss": self.last_loss}
+        write_json(self.run.rank_summary(trainer.global_rank), summary)
+
+
+def build_model(cfg: ExperimentConfig) -> RecurrentLM:
+    if cfg.model.pretrained:
+        loaded = load_model(cfg.model.pretrained, backend=cfg.model.backend)
+        rank_zero_info(f"loaded {loaded.source} ({loaded.model.num_parameters() / 1e6:.1f}M parameters)")
+        return loaded.model
+    torch.manual_seed(cfg.seed)  # the same initialisation on every rank
+    return registry.get(cfg.model.architecture).build(cfg.model.config, backend=cfg.model.backend)
+
+
+def _precision(name: str) -> str:
+    if name != "auto":
+        return name
+    return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+
+
+def _devices(value: str):
+    value = str(value)
+    if value == "auto":
+        return "auto"
+    if value.isdigit() or value == "-1":
+        return int(value)
+    return [int(x) for x in value.split(",") if x.strip()]
+
+
+def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Callback]) -> L.Trainer:
+    t = cfg.trainer
+    accum = t.accumulate_grad_batches
+    every_val = t.val_every_n_steps if t.val_every_n_steps > 0 else t.max_steps
+    every_ckpt = t.checkpoint_every_n_steps if t.checkpoint_every_n_steps > 0 else t.max_steps
+    slurm = SLURMEnvironment.detect()
+    callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run),
+                 Preemption(keep_slurm_requeue=slurm and t.slurm_auto_requeue), *extra_callbacks]
+    if t.progress_bar:
+        callbacks.append(StepProgressBar())
+    plugins: list = [AtomicCheckpointIO()]
+    if slurm:
+        plugins.append(SLURMEnvironment(auto_requeue=t.slurm_auto_requeue))
+    return L.Trainer(
+        max_steps=t.max_steps, accelerator=t.accelerator, devices=_devices(t.devices), num_nodes=t.num_nodes,
+        strategy=t.strategy, precision=_precision(t.precision), accumulate_grad_batches=accum,
+        gradient_clip_val=cfg.optim.grad_clip or None, val_check_interval=min(every_val, t.max_steps) * accum,
+        check_val_every_n_epoch=None, limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.progress_bar, deterministic=t.deterministic,
+        logger=RunTensorBoardLogger(save_dir=str(run.path), name=TENSORBOARD_DIR, version="", default_hp_metric=False),
+        callbacks=callbacks, plugins=plugins, use_distributed_sampler=False, default_root_dir=str(run.path),
+    )
+
+
+def check_devices(t) -> None:
+    """Devices this machine cannot give are a one-line error before any model or data is built (Lightning would
+    say so with a traceback, after the heavy work)."""
+    accelerator = str(t.accelerator).lower()
+    if accelerator in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"trainer.accelerator={t.accelerator} but this machine has no usable CUDA GPU (torch "
+                            f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); use "
+                            "trainer.accelerator=cpu or auto")
+        devices = str(t.devices)
+        count = torch.cuda.device_count()
+        if devices in ("auto", "-1"):
+            wanted = 0
+        elif devices.isdigit():
+            wanted = int(devices)
+        else:
+            wanted = len([d for d in devices.split(",") if d.strip()])
+        if wanted > count:
+            raise UserError(f"trainer.devices={devices} asks for {wanted} GPUs; this machine has {count}")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise UserError("trainer.accelerator=mps but MPS is not available here; use trainer.accelerator=cpu or auto")
+
+
+def _launch_rank() -> int:
+    """This process's rank as its launcher set it, before the Trainer exists (0 for a plain single process)."""
+    import os
+
+    for name in ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    node = int(os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or 0)
+    local = int(os.environ.get("LOCAL_RANK") or 0)
+    return 0 if node == 0 and local == 0 else 1
+
+
+def diagnostics_callbacks(cfg: ExperimentConfig, datamodule: L.LightningDataModule) -> list[Callback]:
+    """The validation diagnostics that cfg.diagnostics asks for, on the DataModule's long held-out sequences.
+
+    None when the DataModule has no long held-out documents (or the config keeps none): then what the run
+    learned past its context is measured by whoever owns that data (a task's own evaluation)."""
+    from recurlen.callbacks import EffectiveRemembrance, HParamsTable, PositionwisePerplexity, StateNormMonitor
+
+    if not callable(getattr(datamodule, "long_validation_sequences", None)) or cfg.data.val_sequences == 0:
+        return []
+    d, T = cfg.diagnostics, cfg.data.seq_len
+    common = dict(num_sequences=d.num_sequences, chunk_len=d.chunk_len, every_n_val_epochs=d.every_n_val)
+    out: list[Callback] = []
+    if d.positionwise:
+        out.append(PositionwisePerplexity(bins=d.bins, **common))
+    if d.state_norm:
+        out.append(StateNormMonitor(layers=d.state_layers, **common))
+    if d.effrem:
+        out.append(EffectiveRemembrance(context_len=d.effrem_T_factor * T, num_points=d.effrem_points, **common))
+    return out + [HParamsTable(hparams_row(cfg), out)] if out else out
+
+
+def hparams_row(cfg: ExperimentConfig) -> dict[str, object]:
+    """What tells runs apart in TensorBoard's HParams table."""
+    iv = cfg.intervention
+    return {"experiment": cfg.name, "model": cfg.model.name, "intervention": iv.name,
+            "reset_prob": iv.reset_prob if iv.name in ("state_passing", "tbptt") else 0.0, "lr": cfg.optim.lr,
+            "max_steps": cfg.trainer.max_steps, "T": cfg.data.seq_len}
+
+
+def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | None = None,
+                 callbacks: Sequence[Callback] = ()) -> Path:
+    """Train cfg's model with its intervention in cfg's run directory (resuming it when it holds a checkpoint).
+
+    datamodule: the training data; by default the corpus DataModule of cfg.data. Any DataModule with the
+    same batch contract works (a task passes its own). callbacks: added to the run's own (checkpoints, rank
+    summaries, and the diagnostics of cfg.diagnostics when the DataModule has long held-out sequences).
+    Returns the run directory.
+    """
+    run = RunDir(cfg.resolved_run_dir)
+    resolved = resolved_config(cfg)
+    check_devices(cfg.trainer)
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if datamodule is None:
+        datamodule = RecurlenDataModule(cfg.data)
+    model = build_model(cfg)
+    datamodule.check_model_vocab(model.config.vocab_size)
+    if cfg.intervention.name == "fitted_noise" and cfg.intervention.fit_stats:  # a bad file: say so before writing
+        build_intervention(cfg.intervention, seed=cfg.seed, zero_state=model.zero_state(1, device="cpu")
+                           ).load_stats_file()
+    # Nothing in the run directory changes before this decision (resume.py): which checkpoint, which settings.
+    rank = _launch_rank()
+    decision = decide(run, cfg.resume, resolved, model, max_steps=cfg.trainer.max_steps, rank=rank)
+    if decision.finished:
+        return run.path
+    if rank == 0:
+        record(run, resolved, decision)
+    module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
+                            train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
+                            total_steps=cfg.trainer.max_steps, hparams=resolved)
+    trainer = build_trainer(cfg, run, [*diagnostics_callbacks(cfg, datamodule), *callbacks])
+    ckpt_path = decision.checkpoint
+    if ckpt_path:
+        rank_zero_info(f"resuming from {ckpt_path} (step {decision.step})")
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, AtomicCheckpointIO) and decision.loaded is not None:
+            io.preload(ckpt_path, decision.loaded)
+        decision.loaded = None
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except NonFinite as err:  # add where to resume from: the newest checkpoint that really is finite
+        newest = newest_finite_checkpoint(run)
+        path, step = newest if newest else (None, None)
+        raise err.with_checkpoint(path, step, lr=cfg.optim.lr) from None
+    fitted = module.intervention
+    if isinstance(fitted, FittedNoise) and fitted.stats is not None and trainer.is_global_zero:
+        fitted.stats.save(str(run.fitted_noise))
+    _close_process_group(trainer)
+    preemption = next(c for c in trainer.callbacks if isinstance(c, Preemption))
+    if preemption.stopped_on is not None:  # stopped on a signal after writing last.ckpt: resumable, not a success
+        last = run.last_checkpoint
+        raise Interrupted(preemption.stopped_on, step=preemption.stopped_at_step,
+                          checkpoint=str(last) if last.is_file() else None)
+    return run.path
+
+
+def _close_process_group(trainer: L.Trainer) -> None:
+    """Leave the process group together: a rank that exits while a peer's gloo/NCCL link is open can abort."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        trainer.strategy.barrier("recurlen-finish")
+        dist.destroy_process_group()
+
+
+def run_fit_noise(cfg: ExperimentConfig, out: str | Path | None = None):
+    """Fit the fitted-noise statistics on `intervention.fit_batches` training batches and save them
+    (default <run_dir>/fitted_noise.pt). Returns (path, statistics)."""
+    dm = RecurlenDataModule(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    model = build_model(cfg)
+    dm.check_model_vocab(model.config.vocab_size)
+    n = cfg.intervention.fit_batches
+    stats = fit_noise_stats(model, (dm.train_batch(s) for s in range(n)), num_batches=n, seq_len=cfg.data.seq_len)
+    path = Path(out) if out else RunDir(cfg.resolved_run_dir).fitted_noise
+    stats.save(str(path))
+    return path, stats

@@ -1,0 +1,97 @@
+"""Pre-emption: on SIGTERM, SIGUSR1 or SIGINT finish the step, write a checkpoint, stop, exit non-zero.
+
+Schedulers (Kubernetes, torchrun, SLURM without requeue) send SIGTERM, or SIGUSR1 shortly before a
+time limit; Ctrl-C sends SIGINT. The signal handler only records the signal. At the end of the next
+optimizer step every rank learns whether any rank was signalled (one all-reduce of a flag per step, so
+a rank that got the signal first never waits alone in a collective), the checkpoint callback writes
+last.ckpt with all ranks taking part (carried lane states are gathered from every rank), training
+stops, and `run_finetune` raises `Interrupted`: the command exits with 128 + the signal number and says
+the run is resumable. Rerunning the same command resumes exactly from that checkpoint.
+
+Under SLURM with auto-requeue, SIGUSR1 and SIGTERM stay Lightning's: it writes hpc_ckpt_N.ckpt and
+requeues the job, which resumes from it. A second signal of the same kind while the checkpoint is being
+written takes the default action (the process ends at once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from recurlen.util.errors import Interrupted
+
+log = logging.getLogger(__name__)
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+class Preemption(Callback):
+    """Turns the handled signals into 'checkpoint after this step, then stop' (see the module docstring)."""
+
+    def __init__(self, *, keep_slurm_requeue: bool = False) -> None:
+        # Under SLURM auto-requeue Lightning owns SIGUSR1 / SIGTERM (hpc checkpoint + requeue).
+        self.signals = (signal.SIGINT,) if keep_slurm_requeue else HANDLED_SIGNALS
+        self.received: int | None = None
+        self.stopped_on: int | None = None
+        self.stopped_at_step = 0
+        self._previous: dict[int, object] = {}
+        self._step_at_batch_start = 0
+
+    def _handler(self, signum: int, frame) -> None:
+        if self.received is not None:  # a second signal: do what the signal normally does, now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.received = signum
+        log.warning("received %s: finishing this step, then writing a checkpoint and stopping",
+                    signal.Signals(signum).name)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning registered its own handlers when fit began; these replace them for the training loop.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.signals:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handler)
+        if trainer.is_global_zero:
+            log.info("training; on %s the run writes a checkpoint after the current step and stops (resumable)",
+                     "/".join(signal.Signals(s).name for s in self.signals))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_at_batch_start = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step_at_batch_start:  # mid gradient accumulation: not a step boundary
+            return
+        flag = torch.tensor(float(self.received or 0), device=pl_module.device)
+        if trainer.world_size > 1:  # the signal of any rank stops every rank at the same step
+            flag = _all_max(flag)
+        signum = int(flag.item())
+        if signum and trainer.global_step < trainer.max_steps:
+            self.stopped_on, self.stopped_at_step = signum, trainer.global_step
+            trainer.should_stop = True  # the checkpoint callback writes last.ckpt when training ends
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.on_train_end(trainer, pl_module)
+
+
+def _all_max(flag: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    flag = flag.clone()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag
+
+
+__all__ = ["HANDLED_SIGNALS", "Interrupted", "Preemption"]
