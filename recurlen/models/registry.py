@@ -7,30 +7,54 @@ nothing else imports an architecture's folder.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
+import pkgutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from recurlen import models
 from recurlen.models.interface import Architecture
 
-
-@functools.lru_cache(maxsize=1)
-def architectures() -> dict[str, Architecture]:
-    """Every registered architecture by name. A new one adds its package and one line here.
-
-    Built on first use: each entry imports its package, which imports this module's Architecture.
-    """
-    from recurlen.models.gla.architecture import ARCHITECTURE as GLA
-    from recurlen.models.mamba1.architecture import ARCHITECTURE as MAMBA1
-    from recurlen.models.mamba2.architecture import ARCHITECTURE as MAMBA2
-
-    return {a.name: a for a in (MAMBA2, MAMBA1, GLA)}
-
-
 DEFAULT = "mamba2"
-NAMES = ("mamba2", "mamba1", "gla")
+# The order architectures are listed in (help, errors, reports); folders not named here follow, by name.
+ORDER = ("mamba2", "mamba1", "gla")
+
+_registered: dict[str, Architecture] = {}
+
+
+@functools.cache
+def _folders() -> dict[str, Architecture]:
+    """The ARCHITECTURE entry of every folder of recurlen/models/ that has an architecture.py.
+
+    Found on first use, not imported at module load: each entry imports its folder, and nothing above models/
+    needs to know which folders exist."""
+    found = {}
+    for info in pkgutil.iter_modules(models.__path__):
+        if info.ispkg and (Path(models.__path__[0]) / info.name / "architecture.py").is_file():
+            entry = importlib.import_module(f"recurlen.models.{info.name}.architecture").ARCHITECTURE
+            found[entry.name] = entry
+    return found
+
+
+def architectures() -> dict[str, Architecture]:
+    """Every architecture by name: recurlen's folders, then any registered from outside (`register`)."""
+    found = {**_folders(), **_registered}
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return dict(sorted(found.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
+
+
+def register(architecture: Architecture) -> None:
+    """Add an architecture defined outside recurlen/models/ (a plug-in, or a test's toy model)."""
+    if architecture.name in _folders():
+        raise ValueError(f"architecture {architecture.name!r} is recurlen's own; register another name")
+    _registered[architecture.name] = architecture
+
+
+def unregister(name: str) -> None:
+    _registered.pop(name, None)
 
 
 def get(name: str) -> Architecture:
@@ -71,4 +95,4 @@ def detect(directory: Path) -> Architecture:
     return found[0]
 
 
-__all__ = ["DEFAULT", "NAMES", "architectures", "detect", "get", "of_config", "of_model"]
+__all__ = ["DEFAULT", "ORDER", "architectures", "detect", "get", "of_config", "of_model", "register", "unregister"]
