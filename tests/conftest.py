@@ -1,17 +1,81 @@
-"""Shared test setup."""
+"""Shared test setup: the architectures, a small model of each, the corpus cache, a tiny post-training run."""
 
 import ast
 
 import pytest
 import torch
 
+from recurlen.models import registry
+
 # One thread per test process: the suite also starts subprocesses (DDP, multi-node), and oversubscribed
 # cores make small-tensor work orders of magnitude slower than it is.
 torch.set_num_threads(1)
 
+ARCHITECTURES = tuple(registry.architectures())
+"""recurlen's architectures by registry name (read at collection: a test's own registered ones are not here)."""
+
+TINY_RUN = ("data.seq_len=16", "data.batch_size=4", "data.val_length=64", "data.val_sequences=2",
+            "data.val_segments=8", "data.max_documents=60", "data.val_fraction=0.2", "trainer.max_steps=2",
+            "trainer.val_every_n_steps=0", "trainer.limit_val_batches=1", "trainer.progress_bar=false",
+            "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_threads=1", "trainer.log_every_n_steps=1",
+            "optim.warmup_steps=1", "optim.lr=1e-3", "intervention.fit_batches=2", "diagnostics.positionwise=false",
+            "diagnostics.state_norm=false")
+"""A post-training run of a few seconds on CPU: the nano model, the embedded corpus, no diagnostics."""
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def arch(request) -> str:
+    """Each architecture's registry name in turn (a module's tests run for one, then the next)."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def nano_model():
+    """`nano_model(arch="mamba2", *, seed=0, backend="torch", **fields)`: the architecture's nano model (an
+    architecture without one, such as a test's own, is built from its config's defaults), its config fields
+    overridden, initialised after torch.manual_seed(seed), in eval mode."""
+
+    def build(arch: str = "mamba2", *, seed: int = 0, backend: str = "torch", **fields) -> torch.nn.Module:
+        a = registry.get(arch)
+        config = a.preset("nano", **fields) if "nano" in a.presets else a.config_cls(**fields)
+        torch.manual_seed(seed)
+        return a.build(config, backend=backend).eval()
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def arch_model(arch, nano_model) -> torch.nn.Module:
+    """The nano model of `arch` (seed 0, eval mode), shared by a module's tests: they must not change it."""
+    return nano_model(arch)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> str:
+    """One corpus cache for the session: its entries are keyed by source, documents and tokenizer, so runs with
+    other data settings share it (a test that damages a cache must make its own)."""
+    return str(tmp_path_factory.mktemp("corpus-cache"))
+
+
+@pytest.fixture(scope="session")
+def experiment(cache_dir):
+    """`experiment(run_dir, *overrides, arch="mamba2")` -> ExperimentConfig: TINY_RUN on the architecture's nano
+    model, in run_dir, the overrides (command-line words) last."""
+    from recurlen.training.experiments.compose import load_experiment
+
+    def make(run_dir, *overrides: str, arch: str = "mamba2"):
+        a = registry.get(arch)
+        if "nano" not in a.presets:  # its prefix would be '' and `model=nano` Mamba-2's
+            raise ValueError(f"architecture {arch!r} has no nano model to choose; give the run its model section")
+        words = [f"model={a.prefix}nano", *TINY_RUN, f"data.cache_dir={cache_dir}", f"run_dir={run_dir}",
+                 *overrides]
+        return load_experiment(words)[0]
+
+    return make
+
 
 @pytest.fixture
-def run_tiny_task(tmp_path):
+def run_tiny_task(tmp_path, cache_dir):
     """`recurlen <task>` on the nano model with quick trainer settings, in tmp_path/run -> results.json path."""
     from recurlen.evaluation.tasks.config import load_task_experiment
     from recurlen.evaluation.tasks.runner import run_task
@@ -19,7 +83,8 @@ def run_tiny_task(tmp_path):
     def run(task: str, *overrides: str):
         cfg = load_task_experiment([
             f"experiment={task}", "model=nano", "trainer.progress_bar=false", "trainer.num_threads=1",
-            "trainer.limit_val_batches=1", "task.val_batches=1", f"run_dir={tmp_path}/run", *overrides])
+            "trainer.limit_val_batches=1", "task.val_batches=1", f"data.cache_dir={cache_dir}",
+            f"run_dir={tmp_path}/run", *overrides])
         return run_task(cfg)
 
     return run
@@ -123,35 +188,47 @@ def fla_interpreter(triton_cpu):
     yield from _imported_afresh(kernels._chunk_gla, "flash-linear-attention's chunk_gla")
 
 
-@pytest.fixture
+def assert_close_scaled(got: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:
+    """max |got - ref| <= tol x max |ref|: one relative tolerance for tensors of any scale (logits, states)."""
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    if ref.numel() == 0:  # e.g. the conv state of a GLA without short convs
+        return
+    scale = float(ref.detach().abs().max().clamp_min(1e-6))
+    err = float((got.detach().double() - ref.detach().double()).abs().max())
+    assert err <= tol * scale, f"{what}: max |got - ref| = {err:.3g}, > {tol:g} x {scale:.3g}"
+
+
+@pytest.fixture(scope="session")
+def close_scaled():
+    """`close_scaled(got, ref, tol, what)`: max |got - ref| <= tol x max |ref| (assert_close_scaled)."""
+    return assert_close_scaled
+
+
+@pytest.fixture(scope="session")
 def split_equals_one_call():
-    """The kernel tiers' split-invariance check, for any architecture: the LM run by the kernel backend on `ids`
-    in one call and in pieces cut at `cuts` (the state carried between pieces) gives the same logits as that one
-    call and as one call of the torch backend, and the same final state: every part in `part_tols` (name ->
-    tolerance) against the kernel's one call, the recurrent part also against the torch backend's."""
+    """The split-invariance check, for any architecture and backend: the LM run by `backend` on `ids` in one call
+    and in pieces cut at `cuts` (the state carried between pieces) gives the same logits as that one call and as
+    one call of the torch backend, and the same final state: every part in `part_tols` (name -> tolerance) against
+    the one call of `backend`, the `recurrent` part (if named) also against the torch backend's."""
 
-    def close(got, ref, tol, what):
-        assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-        if ref.numel() == 0:  # e.g. the conv state of a GLA without short convs
-            return
-        scale = float(ref.abs().max().clamp_min(1e-6))
-        err = float((got.float() - ref.float()).abs().max())
-        assert err <= tol * scale, f"{what}: max |got - ref| = {err:.3g}, > {tol:g} x {scale:.3g}"
-
-    def check(model, ids, init, *, cuts, part_tols: dict[str, float], recurrent: str, logits_tol: float = 1e-5):
+    def check(model, ids, init, *, cuts, part_tols: dict[str, float], recurrent: str | None = None,
+              logits_tol: float = 1e-5, backend: str = "kernel"):
         with torch.no_grad():
             ref_logits, ref_final = model(ids, init, backend="torch")
-            full_logits, full_final = model(ids, init, backend="kernel")
+            full_logits, full_final = (ref_logits, ref_final) if backend == "torch" else \
+                model(ids, init, backend=backend)
             pieces, state = [], init
             for start, end in zip((0, *cuts), (*cuts, ids.shape[1])):
-                logits, state = model(ids[:, start:end], state, backend="kernel")
+                logits, state = model(ids[:, start:end], state, backend=backend)
                 pieces.append(logits)
         split_logits = torch.cat(pieces, dim=1)
-        close(split_logits, full_logits, logits_tol, "logits, split vs one call (kernel)")
-        close(split_logits, ref_logits, logits_tol, "logits, split kernel vs one call torch")
+        assert_close_scaled(split_logits, full_logits, logits_tol, f"logits, split vs one call ({backend})")
+        assert_close_scaled(split_logits, ref_logits, logits_tol, f"logits, split {backend} vs one call torch")
         for part, tol in part_tols.items():
-            close(getattr(state, part), getattr(full_final, part), tol, f"final {part} state, split vs one call")
-        close(getattr(state, recurrent), getattr(ref_final, recurrent), part_tols[recurrent],
-              f"final {recurrent} state, split kernel vs torch")
+            assert_close_scaled(getattr(state, part), getattr(full_final, part), tol,
+                                f"final {part} state, split vs one call")
+        if recurrent is not None:
+            assert_close_scaled(getattr(state, recurrent), getattr(ref_final, recurrent), part_tols[recurrent],
+                                f"final {recurrent} state, split {backend} vs torch")
 
     return check

@@ -93,14 +93,50 @@ def test_detect_refuses_unknown_configs(tmp_path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_preset_has_a_model_yaml_with_the_same_config(name):
+def test_every_named_model_composes_to_its_preset(name):
     from recurlen.training.experiments.compose import load_experiment
 
     a = registry.get(name)
+    assert a.model_names()
     for model_name in a.model_names():
         cfg, _ = load_experiment([f"model={model_name}"])
         assert cfg.model.name == model_name and cfg.model.architecture == name
-        assert cfg.model.config == a.preset(model_name)
+        assert cfg.model.config == a.preset(model_name) == a.preset(model_name.removeprefix(a.prefix))
+
+
+def test_presets_are_the_model_tables_rows():
+    assert registry.get("mamba1").preset("790m") == registry.get("mamba1").preset("mamba1-790m", n_layer=48)
+    assert registry.get("mamba1").preset("790m").d_model == 1536 and registry.get("gla").preset("340m").num_heads == 4
+    assert [registry.get(n).prefix for n in registry.ORDER] == ["", "mamba1-", "gla-"]
+    with pytest.raises(ValueError, match=r"unknown GLA preset 'mamba1-tiny'; allowed: \['gla-1.3b', 'gla-340m', "):
+        registry.get("gla").preset("mamba1-tiny")
+
+
+@pytest.mark.parametrize(("directory", "official"), [
+    ("state-spaces/mamba2-780m", "780m"),  # a hub id
+    ("/ckpt/Mamba2-780M", "780m"),  # a directory named like the hub repository
+    ("/hub/models--fla-hub--gla-340M-15B/snapshots/" + "a" * 40, "gla-340m"),  # the hub cache's snapshot
+    ("/ckpt/mamba-790m/", "mamba1-790m"),
+    ("/ckpt/mamba2-780m-long", None),  # a checkpoint of one's own, whatever its name contains
+    ("/runs/mamba2-tiny", None),
+    ("/hub/models--someone--mamba2-780m-ft/snapshots/" + "a" * 40, None),
+])
+def test_the_model_table_says_which_official_checkpoint_a_directory_is(directory, official):
+    from recurlen.models import table
+
+    row = table.official(directory)
+    assert (row.name if row else None) == official
+
+
+def test_an_official_checkpoint_directory_loads_with_its_training_context(tmp_path):
+    from recurlen.training.run_dir import load_model
+
+    model = _model("mamba2")
+    for name in ("mamba2-130m", "mamba-130m", "mine"):
+        model.save_pretrained(str(tmp_path / name))
+    # By name only: a Mamba-2 model in a directory named after a Mamba-1 checkpoint is not that checkpoint.
+    assert [load_model(str(tmp_path / name), backend="torch").train_seq_len
+            for name in ("mamba2-130m", "mamba-130m", "mine")] == [2048, None, None]
 
 
 def test_model_section_validates_the_architecture_and_its_fields():

@@ -11,7 +11,6 @@ from recurlen.training.interventions import (
     INTERVENTIONS,
     FittedNoiseStats,
     InterventionConfig,
-    Ranks,
     build_intervention,
 )
 from recurlen.training.run_dir import RUN_META_KEY, load_model
@@ -121,11 +120,11 @@ def test_refresh_pools_the_final_states_per_fitted_group(name):
     iv = build_intervention(InterventionConfig(name="fitted_noise", fit_refresh="every", fit_refresh_every=1),
                             seed=0, zero_state=zeros[0:1])
     iv.set_stats(FittedNoiseStats(mean_KH=torch.zeros(k, groups), std_KH=torch.ones(k, groups)))
-    iv.setup(model, lambda step: {}, ranks=Ranks(), seq_len=16)
+    iv.setup(model, lambda step: {}, seq_len=16)
     final = zeros.clone()
     getattr(final, part).copy_(torch.randn(getattr(final, part).shape, generator=torch.Generator().manual_seed(0))
                                * 3.0 + 2.0)
-    iv.observe(final, torch.arange(3), step=0, ranks=Ranks())
+    iv.observe(final, torch.arange(3), step=0)
     x = final.group_view(part).double()
     torch.testing.assert_close(iv.stats.mean_KH, x.mean(-1).float(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(iv.stats.std_KH, x.std(-1, correction=0).float(), rtol=1e-5, atol=1e-6)

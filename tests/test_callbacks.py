@@ -1,4 +1,5 @@
-"""The diagnostic callbacks inside a real Lightning fit, read back from TensorBoard event files."""
+"""The diagnostic callbacks inside a real Lightning fit, read back from TensorBoard event files; for every
+architecture (the `arch` fixture)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from recurlen.callbacks.diagnostic import held_out_sequences
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from recurlen import Mamba2LM, preset
 from recurlen.diagnostics.effrem import effective_remembrance
 from recurlen.diagnostics.positionwise import evaluate_positionwise
 from recurlen.util.tensorboard import fraction_tag, sortable_bin
@@ -25,10 +25,9 @@ LONG = 160
 
 
 class TinyLM(pl.LightningModule):
-    def __init__(self, *, lr: float = 3e-3) -> None:
+    def __init__(self, model: torch.nn.Module, *, lr: float = 3e-3) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.model = Mamba2LM(preset("nano"), backend="torch")
+        self.model = model
         self.train_seq_len = T
         self.lr = lr
 
@@ -82,19 +81,18 @@ def read_events(logdir) -> EventAccumulator:
     return acc
 
 
-def fit(tmp_path, callbacks, *, module=None, epochs=2, **trainer_kw):
+def fit(tmp_path, callbacks, module, *, epochs=2, **trainer_kw):
     logger = TensorBoardLogger(str(tmp_path), name="tb", version=0)
     trainer = pl.Trainer(max_epochs=epochs, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=1,
                          logger=logger, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1, **trainer_kw)
-    module = module or TinyLM()
     trainer.fit(module, datamodule=TinyData())
     return trainer, module, read_events(logger.log_dir)
 
 
-def test_callbacks_log_scalars_figures_and_layout(tmp_path):
+def test_callbacks_log_scalars_figures_and_layout(tmp_path, arch, nano_model):
     cbs = make_callbacks()
-    trainer, module, acc = fit(tmp_path, cbs)
+    trainer, module, acc = fit(tmp_path, cbs, TinyLM(nano_model(arch)))
     tags = acc.Tags()
     scalars = set(tags["scalars"])
     bins = ["[0,1T)", "[1T,2T)", "[2T,4T)", "[4T,8T)"]  # L = 5T: one digit sorts them
@@ -144,10 +142,10 @@ def test_callbacks_log_scalars_figures_and_layout(tmp_path):
     assert charts["recurlen: perplexity by position bin"] == [f"ppl {b}" for b in bins]  # one chart per bin
 
 
-def test_every_n_val_epochs_and_errors(tmp_path):
+def test_every_n_val_epochs_and_errors(tmp_path, arch, nano_model):
     cb = PositionwisePerplexity(chunk_len=64, bins="log", log_bins=3, reset_control=False, every_n_val_epochs=2,
                                 log_figures=False)
-    _, _, acc = fit(tmp_path, [cb], module=TinyLM(lr=0.0), epochs=3)
+    _, _, acc = fit(tmp_path, [cb], TinyLM(nano_model(arch), lr=0.0), epochs=3)
     assert (cb.val_epochs, cb.num_runs) == (3, 1)
     assert cb.state_dict() == {"val_epochs": 3, "num_runs": 1}
     log_tags = {t for t in acc.Tags()["scalars"] if t.startswith("val/ppl@")}
@@ -164,15 +162,15 @@ def test_every_n_val_epochs_and_errors(tmp_path):
         StateNormMonitor(every_n_val_epochs=0)
     short = PositionwisePerplexity(seq_len=T, log_figures=False)
     with pytest.raises(ValueError, match=r"seq_len=32 must be larger than the training context train_len=32"):
-        fit(tmp_path / "short", [short], epochs=1)
+        fit(tmp_path / "short", [short], TinyLM(nano_model(arch)), epochs=1)
     too_many = EffectiveRemembrance(num_sequences=5, log_figures=False)
     with pytest.raises(ValueError, match=r"EffectiveRemembrance: need 5 held-out sequence\(s\) of at least 128 "
                                          r"tokens; found 3 of 3"):
-        fit(tmp_path / "many", [too_many], epochs=1)
+        fit(tmp_path / "many", [too_many], TinyLM(nano_model(arch)), epochs=1)
 
 
 @pytest.mark.slow  # two spawned processes: ~10 s on an idle 2-core machine
-def test_two_ranks_share_sequences_and_sync(tmp_path):
+def test_two_ranks_share_sequences_and_sync(tmp_path, nano_model):
     """2 CPU processes (gloo), 3 held-out sequences: rank 0 scores two, rank 1 one; the logged
     numbers must equal a single-process evaluation of all three (lr=0 keeps the weights fixed)."""
     logger = TensorBoardLogger(str(tmp_path), name="tb", version=0)
@@ -180,9 +178,9 @@ def test_two_ranks_share_sequences_and_sync(tmp_path):
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0,
                          logger=logger, callbacks=cbs, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp_spawn")
-    trainer.fit(TinyLM(lr=0.0), datamodule=TinyData())
+    trainer.fit(TinyLM(nano_model(), lr=0.0), datamodule=TinyData())
     acc = read_events(logger.log_dir)
-    model = TinyLM().model
+    model = nano_model()
     seqs = TinyData().long_validation_sequences()
     res = evaluate_positionwise(model, seqs, train_len=T, chunk_len=50, state_points=6)
     for row in res.summary(num_log_bins=0)["bins"]:

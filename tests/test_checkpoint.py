@@ -65,20 +65,13 @@ def test_official_presets_have_official_shapes():
         "130m": (768, 24), "370m": (1024, 48), "780m": (1536, 48), "1.3b": (2048, 48), "2.7b": (2560, 64)}
 
 
-def test_save_load_round_trip_is_exact(tmp_path):
-    torch.manual_seed(1)
-    model = Mamba2LM(preset("nano", A_init_range=(0.01, 1.0), A_init_log_uniform=True), backend="torch")
+def test_saved_config_json_is_the_official_one_and_recurlen_s_fields_survive(tmp_path, nano_model):
+    model = nano_model(A_init_range=(0.01, 1.0), A_init_log_uniform=True)
     model.save_pretrained(str(tmp_path / "out"))
-    again = Mamba2LM.from_pretrained(str(tmp_path / "out"), backend="torch")
-    assert again.config == model.config
-    for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(a, b), k
     official = json.loads((tmp_path / "out" / "config.json").read_text())
     assert official["ssm_cfg"]["layer"] == "Mamba2" and "recurlen" not in official
-    # fp16 like the hub files: loads back, upcast, within fp16 rounding.
-    model.save_pretrained(str(tmp_path / "half"), dtype=torch.float16)
-    half = Mamba2LM.from_pretrained(str(tmp_path / "half"))
-    torch.testing.assert_close(half.backbone.embedding.weight, model.backbone.embedding.weight, rtol=1e-3, atol=1e-3)
+    assert "A_init_log_uniform" not in json.dumps(official)  # mamba-ssm's config has no such field: recurlen's own
+    assert Mamba2LM.from_pretrained(str(tmp_path / "out")).config == model.config  # from recurlen_config.json
 
 
 def test_load_model_from_official_dir(tmp_path):

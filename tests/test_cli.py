@@ -66,6 +66,7 @@ def test_every_settings_field_has_a_meaning():
     (["finetune", "trainer.max_steps=0"], "trainer.max_steps must be >= 1; got 0"),
     (["eval", "nowhere/at-all/run"], "checkpoint 'nowhere/at-all/run' does not exist"),
     (["generate", "--checkpoint", "missing.ckpt"], "checkpoint 'missing.ckpt' does not exist"),
+    (["generate", "model=mamba1-tiny"], "model='mamba1-tiny' is unknown for architecture=mamba2; allowed: ['1.3b'"),
 ])
 def test_user_errors_print_one_line_without_traceback(capsys, argv, expected):
     rc, out, err = run(capsys, *argv)

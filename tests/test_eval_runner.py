@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from recurlen import Mamba2LM, preset
+from recurlen import Mamba2LM
 from recurlen.diagnostics.plots import figures_for, load_runs
 from recurlen.evaluation.runner import EvalConfig, run_eval
 
@@ -15,12 +15,11 @@ T = 32
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, str]:
+def checkpoints(tmp_path_factory, nano_model) -> dict[str, str]:
     root = tmp_path_factory.mktemp("ckpts")
     out = {}
     for seed, name in ((0, "base"), (1, "sp")):
-        torch.manual_seed(seed)
-        Mamba2LM(preset("nano")).save_pretrained(str(root / name))
+        nano_model(seed=seed).save_pretrained(str(root / name))
         out[name] = str(root / name)
     return out
 

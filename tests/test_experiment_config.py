@@ -6,7 +6,8 @@ from omegaconf import OmegaConf
 
 from recurlen import Mamba2LM
 from recurlen.evaluation.tasks.config import TaskExperimentConfig
-from recurlen.models.mamba2.config import PRESETS, Mamba2Config
+from recurlen.models import registry, table
+from recurlen.training.experiments import compose as composition
 from recurlen.training.experiments.compose import available, compose, experiments_dir, load_experiment, to_object
 from recurlen.training.experiments.schema import GROUPS, ExperimentConfig
 
@@ -32,6 +33,13 @@ def _yaml(path):
     return OmegaConf.to_container(OmegaConf.load(path))
 
 
+def _group_values(group, choice):
+    """What a group choice states: its file, or for a model its row of the model table with its file on top."""
+    if group == "model":
+        return _leaves(OmegaConf.to_container(composition.model_choice(choice)))
+    return _leaves(_yaml(experiments_dir() / group / f"{choice}.yaml"))
+
+
 def _own_values(name):
     """What experiments/<name>.yaml states itself, over what its `base` chain states."""
     raw = _yaml(experiments_dir() / f"{name}.yaml")
@@ -49,8 +57,7 @@ def test_every_experiment_composes_to_what_its_file_says(experiment):
     cfg, resolved = load_experiment([f"experiment={experiment}"], schema=schema)
     assert isinstance(cfg, schema) and resolved["name"] == experiment
     for group, choice in defaults.items():
-        group_file = _leaves(_yaml(experiments_dir() / group / f"{choice}.yaml"))
-        for key, value in group_file.items():
+        for key, value in _group_values(group, choice).items():
             if f"{group}.{key}" not in values:  # the experiment's own value wins over its group file's
                 assert _get(resolved, f"{group}.{key}") == value, (group, key)
     assert values, experiment
@@ -64,7 +71,7 @@ def test_every_group_choice_composes_to_its_file(group):
     assert choices, f"experiments/{group}/ has no choices"
     for choice in choices:
         cfg, resolved = load_experiment([f"{group}={choice}"])
-        own = _leaves(_yaml(experiments_dir() / group / f"{choice}.yaml"))
+        own = _group_values(group, choice)
         assert own, (group, choice)
         _, experiment_values = _own_values("finetune")
         for key, value in own.items():
@@ -73,8 +80,8 @@ def test_every_group_choice_composes_to_its_file(group):
 
 
 def test_experiments_inherit_from_experiments(tmp_path):
-    for group, choice in (("model", "nano"), ("intervention", "none"), ("intervention", "tbptt"),
-                          ("data", "embedded"), ("trainer", "cpu")):
+    for group, choice in (("intervention", "none"), ("intervention", "tbptt"), ("data", "embedded"),
+                          ("trainer", "cpu")):  # model nano is a row of the model table, in no file
         (tmp_path / group).mkdir(exist_ok=True)
         (tmp_path / group / f"{choice}.yaml").write_text((experiments_dir() / group / f"{choice}.yaml").read_text())
     (tmp_path / "a.yaml").write_text("defaults: {model: nano, intervention: none, data: embedded}\n"
@@ -110,10 +117,61 @@ def test_pipelines_load_and_refuse_single_run_composition():
         load_demo_config(["eval.lenght=3"])
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_model_group_takes_its_shape_from_the_preset(name):
-    cfg, _ = load_experiment([f"model={name}"])
-    assert cfg.model.config == Mamba2Config(**PRESETS[name])
+@pytest.mark.parametrize("row", table.rows(), ids=lambda row: row.name)
+def test_a_model_choice_is_its_row_of_the_model_table(row):
+    cfg, _ = load_experiment([f"model={row.name}"])
+    m = cfg.model
+    assert (m.name, m.architecture, m.pretrained, m.default_data, m.pretrain_lr) == (
+        row.name, row.architecture, row.hub_id, row.default_data, row.pretrain_lr)
+    assert m.config == registry.get(row.architecture).config_cls(**row.shape)
+    # The data the row brings is tokenized as the model was trained.
+    assert cfg.data.tokenizer == row.tokenizer
+    assert cfg.optim.lr == (1e-4 if row.pretrain_lr is None else row.pretrain_lr * 0.1)
+
+
+def test_the_official_rows_are_the_published_checkpoints():
+    official = {row.name: (row.hub_id, row.train_seq_len, row.pretrain_lr) for row in table.rows() if row.hub_id}
+    assert official == {
+        "130m": ("state-spaces/mamba2-130m", 2048, 3e-3), "370m": ("state-spaces/mamba2-370m", 2048, 1.5e-3),
+        "780m": ("state-spaces/mamba2-780m", 2048, 1.25e-3), "1.3b": ("state-spaces/mamba2-1.3b", 2048, 1e-3),
+        "2.7b": ("state-spaces/mamba2-2.7b", 2048, 8e-4),
+        **{f"mamba1-{size}": (f"state-spaces/mamba-{size}", 2048, None)
+           for size in ("130m", "370m", "790m", "1.4b", "2.8b")},
+        "gla-340m": ("fla-hub/gla-340M-15B", 2048, None), "gla-1.3b": ("fla-hub/gla-1.3B-100B", 2048, None)}
+    assert {row.name for row in table.rows() if not row.hub_id} == {
+        "nano", "tiny", "small", "mamba1-nano", "mamba1-tiny", "gla-nano", "gla-tiny"}
+    assert all(row.architecture in registry.architectures() for row in table.rows())
+    repos = [row.hub_id.split("/")[1].lower() for row in table.rows() if row.hub_id]
+    assert len(set(repos)) == len(repos)  # a directory's name says which checkpoint it is
+
+
+def test_model_files_change_the_row_they_name():
+    files = composition.model_files()
+    assert {name: path.parent.name for name, path in files.items()} == {
+        "tiny-slow": "mamba2", "mamba1-tiny-slow": "mamba1", "gla-tiny-slow": "gla"}
+    slow, _ = load_experiment(["model=mamba1-tiny-slow"])
+    assert slow.model.name == "mamba1-tiny" and slow.model.architecture == "mamba1"
+    assert slow.model.config == registry.get("mamba1").preset(
+        "tiny", chunk_size=8, A_init_range=[0.001, 0.1], A_init_log_uniform=True)
+    assert set(available("model")) == set(table.names()) | set(files)
+
+
+def test_model_files_live_in_their_architecture_folder(tmp_path):
+    (tmp_path / "model" / "gla").mkdir(parents=True)
+    (tmp_path / "model" / "gla" / "wide.yaml").write_text("name: gla-tiny\narch: {hidden_size: 256}\n")
+    (tmp_path / "a.yaml").write_text("defaults: {model: wide}\n")
+    assert to_object(compose(["experiment=a"], root=tmp_path)).model.config.hidden_size == 256
+    (tmp_path / "model" / "gla" / "wide.yaml").write_text("name: gla-tiny\narchitecture: mamba1\n")
+    with pytest.raises(ValueError, match=r"wide.yaml: architecture 'mamba1' is not its folder's \('gla'\)"):
+        compose(["experiment=a"], root=tmp_path)
+    (tmp_path / "model" / "rwkv").mkdir()
+    (tmp_path / "model" / "rwkv" / "x.yaml").write_text("name: x\n")
+    with pytest.raises(ValueError, match=r"its folder 'rwkv' is not an architecture; allowed: \['mamba2'"):
+        compose(["experiment=a"], root=tmp_path)
+    (tmp_path / "model" / "rwkv" / "x.yaml").unlink()
+    (tmp_path / "model" / "780m.yaml").write_text("name: 780m\n")
+    with pytest.raises(ValueError, match=r"model files \['780m.yaml'\] belong in a folder named after their "):
+        compose(["experiment=a"], root=tmp_path)
 
 
 def test_small_model_presets_instantiate():

@@ -1,5 +1,6 @@
 """GLA: the chunked scan against an independent float64 recurrence, the whole LM against a per-token
-reference written from fla's layer equations, the state contract, and fla-hub-format checkpoints."""
+reference written from fla's layer equations, its state layout, and fla-hub-format checkpoints (the contract every
+architecture shares is tests/test_architectures.py)."""
 
 import json
 
@@ -68,11 +69,9 @@ def test_strong_decays_stay_finite_and_exact_in_float32():
 
 
 # ---------------------------------------------------------------------------------- the LM
-def _model(seed=0, **overrides) -> GLALM:
-    torch.manual_seed(seed)
-    model = GLALM(preset("nano", **overrides), backend="torch").eval()
-    # Slow forget gates so that the initial state matters over the whole test input, and projections
-    # larger than the from-scratch init (std 0.02) so that the token mixer moves the logits visibly.
+def _sharpened(model: GLALM) -> GLALM:
+    """Slow forget gates so that the initial state matters over the whole test input, and projections larger
+    than the from-scratch init (std 0.02) so that the token mixer moves the logits visibly."""
     with torch.no_grad():
         for block in model.model.layers:
             block.attn.gk_proj[1].bias.fill_(6.0)
@@ -123,8 +122,8 @@ def reference_lm(model: GLALM, ids: torch.Tensor, kv0: torch.Tensor, conv0: torc
 
 
 @pytest.mark.parametrize("short_conv", [False, True])
-def test_lm_equals_float64_per_token_reference(short_conv):
-    model = _model(use_short_conv=short_conv, chunk_size=16)
+def test_lm_equals_float64_per_token_reference(nano_model, short_conv):
+    model = _sharpened(nano_model("gla", use_short_conv=short_conv, chunk_size=16))
     ids = torch.randint(0, 257, (2, 37))
     gen = torch.Generator().manual_seed(2)
     zero = model.zero_state(2)
@@ -137,85 +136,11 @@ def test_lm_equals_float64_per_token_reference(short_conv):
     torch.testing.assert_close(state.conv.double(), ref_conv, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("short_conv", [False, True])
-@pytest.mark.parametrize("cuts", [[64], [1, 2, 3], [5, 70, 71, 130], list(range(1, 40))])
-def test_lm_split_invariance_with_state_carried(short_conv, cuts):
-    model = _model(use_short_conv=short_conv, chunk_size=16)
-    ids = torch.randint(0, 257, (3, 150))
-    with torch.no_grad():
-        full_logits, full_state = model(ids)
-        logits, state, bounds = [], None, [0, *cuts, 150]
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            out, state = model(ids[:, a:b], state)
-            logits.append(out)
-    torch.testing.assert_close(torch.cat(logits, 1), full_logits, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(state.kv, full_state.kv, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(state.conv, full_state.conv, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("drop", ["kv", "conv"])
-def test_dropping_either_state_part_breaks_split_invariance(drop):
-    model = _model(use_short_conv=True)
-    ids = torch.randint(0, 257, (2, 96))
-    with torch.no_grad():
-        full_logits, _ = model(ids)
-        _, state = model(ids[:, :48])
-        parts = state.parts()
-        parts[drop] = torch.zeros_like(parts[drop])
-        second, _ = model(ids[:, 48:], GLAState(**parts))
-    err = (second - full_logits[:, 48:]).abs().max().item()
-    assert err > 1e-2, f"dropping the {drop} state changed the logits by only {err}"
-
-
-def test_step_equals_chunked_forward():
-    model = _model(use_short_conv=True)
-    ids = torch.randint(0, 257, (2, 40))
-    with torch.no_grad():
-        init = model(ids[:, :7])[1]
-        full_logits, full_state = model(ids[:, 7:], init)
-        state, outs = init, []
-        for t in range(7, 40):
-            out, state = model.step(ids[:, t], state)
-            outs.append(out)
-    torch.testing.assert_close(torch.stack(outs, 1), full_logits, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(state.kv, full_state.kv, rtol=1e-4, atol=1e-5)
-
-
-def test_lm_gradient_reaches_both_initial_state_parts():
-    model = _model(use_short_conv=True).double()
-    ids = torch.randint(0, 257, (1, 20))
-    zero = model.zero_state(1)
-    kv0 = torch.randn(zero.kv.shape, dtype=F64).requires_grad_()
-    conv0 = torch.randn(zero.conv.shape, dtype=F64).requires_grad_()
-    logits, state = model(ids, GLAState(kv0, conv0))
-    (logits.pow(2).sum() + state.kv.sum()).backward()
-    assert kv0.grad.abs().sum() > 0 and conv0.grad.abs().sum() > 0
-
-
-def test_state_type_operations_and_errors():
-    model = _model()
-    ids = torch.randint(0, 257, (4, 10))
-    with torch.no_grad():
-        _, state = model(ids)
-    assert state.kv.shape == (2, 4, 2, 16, 32) and state.conv.shape == (2, 4, 0, 3)
-    reset = state.reset(torch.tensor([True, False, False, True]))
-    assert reset.kv[:, [0, 3]].abs().sum() == 0 and torch.equal(reset.kv[:, 1], state.kv[:, 1])
-    assert torch.equal(GLAState.cat([state[0:2], state[2:4]]).kv, state.kv)
-    assert torch.equal(GLAState.from_state_dict(state.state_dict()).kv, state.kv)
-    assert set(state.norms()) == {"kv_rms_K", "conv_rms_K"} and (state.norms()["conv_rms_K"] == 0).all()
-    assert state.group_view("kv").shape == (2, 2, 4 * 16 * 32)  # per (layer, head)
-    with pytest.raises(ValueError, match=r"state.kv has shape .* need"):
-        model(ids, model.zero_state(3))
-    with pytest.raises(ValueError, match="must be a GLAState or None"):
-        model(ids, (state.kv, state.conv))
-
-
-def test_kernel_backend_on_cpu_is_refused_outside_the_interpreter(monkeypatch):
-    """backend='kernel' on a CPU model: one clear error before fla is imported (under Triton's interpreter the
-    kernel tests run it: tests/test_gla_kernels_cpu.py)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(ValueError, match="needs a CUDA device for .*; the model is on cpu"):
-        _model()(torch.zeros(1, 3, dtype=torch.long), backend="kernel")
+def test_state_layout(nano_model):
+    assert nano_model("gla").zero_state(4).conv.shape == (2, 4, 0, 3)  # no short convs: an empty window
+    state = nano_model("gla", use_short_conv=True).zero_state(4)
+    assert state.kv.shape == (2, 4, 2, 16, 32) and state.conv.shape == (2, 4, 32 + 32 + 64, 3)
+    assert state.group_view("kv").shape == (2, 2, 4 * 16 * 32)  # fitted noise per (layer, head)
 
 
 def test_kernel_layout_arguments_follow_the_installed_signature():
@@ -303,13 +228,9 @@ def test_unsupported_configs_are_refused_clearly():
         GLAConfig(num_heads=3, num_kv_heads=2, hidden_size=96)
 
 
-def test_save_load_round_trip_and_official_shapes(tmp_path):
-    model = _model(use_short_conv=True, num_kv_heads=1)
+def test_saved_config_is_fla_s_and_official_shapes(tmp_path, nano_model):
+    model = nano_model("gla", use_short_conv=True, num_kv_heads=1)
     model.save_pretrained(str(tmp_path / "out"))
-    again = GLALM.from_pretrained(str(tmp_path / "out"), backend="torch")
-    assert again.config == model.config
-    for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(a, b), k
     official = json.loads((tmp_path / "out" / "config.json").read_text())
     assert official["model_type"] == "gla" and GLAConfig.from_official_json(official) == GLAConfig.from_dict(
         {**model.config.to_dict(), "chunk_size": 64})

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recurlen import Mamba2LM, RecurrentState, preset
+from recurlen import Mamba2LM, RecurrentState
 from recurlen.models import causal_conv
 from recurlen.models.mamba2 import kernels
 from recurlen.models.mamba2.scan import ssd_naive
@@ -65,9 +65,8 @@ def fake_kernels(monkeypatch):
 
 
 @pytest.mark.parametrize("ngroups", [1, 2])
-def test_kernel_glue_matches_torch_backend(fake_kernels, ngroups):
-    torch.manual_seed(0)
-    model = Mamba2LM(preset("nano", ngroups=ngroups)).double()
+def test_kernel_glue_matches_torch_backend(fake_kernels, nano_model, ngroups):
+    model = nano_model(ngroups=ngroups).double()
     ids = torch.randint(0, 257, (2, 37))
     zero = model.zero_state(2)
     g = torch.Generator().manual_seed(1)

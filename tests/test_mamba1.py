@@ -1,5 +1,6 @@
-"""Mamba-1: the chunked scan against an independent float64 recurrence, the LM's state contract,
-transformers' MambaForCausalLM on the same weights, and official-format checkpoints."""
+"""Mamba-1: the chunked scan against an independent float64 recurrence, its state layout, transformers'
+MambaForCausalLM on the same weights, and official-format checkpoints (the contract every architecture shares is
+tests/test_architectures.py)."""
 
 import json
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recurlen.models.mamba1 import Mamba1Config, Mamba1LM, Mamba1State, preset
+from recurlen.models.mamba1 import Mamba1Config, Mamba1LM, preset
 from recurlen.models.mamba1.kernels import fold_initial_state, selective_scan
 from recurlen.models.mamba1.scan import selective_scan_chunked
 
@@ -110,119 +111,15 @@ def test_kernel_glue_with_documented_scan_contract_matches_the_torch_path():
 
 
 # ---------------------------------------------------------------------------------- the LM
-def _model(seed=0, **overrides) -> Mamba1LM:
-    torch.manual_seed(seed)
-    model = Mamba1LM(preset("nano", **overrides), backend="torch").eval()
-    # Slow decays so that the initial state matters over the whole test input.
-    with torch.no_grad():
-        for block in model.backbone.layers:
-            block.mixer.A_log.uniform_(-4.0, 0.0)
-    return model
-
-
-def _run_split(model, ids, cuts, state=None):
-    logits, bounds = [], [0, *cuts, ids.shape[1]]
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        out, state = model(ids[:, a:b], state)
-        logits.append(out)
-    return torch.cat(logits, dim=1), state
-
-
-@pytest.mark.parametrize("cuts", [[64], [1, 2, 3], [5, 70, 71, 130], list(range(1, 40))])
-def test_lm_split_invariance_with_state_carried(cuts):
-    model = _model(chunk_size=16)
-    ids = torch.randint(0, 257, (3, 150))
-    with torch.no_grad():
-        full_logits, full_state = model(ids)
-        split_logits, split_state = _run_split(model, ids, cuts)
-    torch.testing.assert_close(split_logits, full_logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(split_state.ssm, full_state.ssm, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(split_state.conv, full_state.conv, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("drop", ["ssm", "conv"])
-def test_dropping_either_state_part_breaks_split_invariance(drop):
-    model = _model()
-    ids = torch.randint(0, 257, (2, 96))
-    with torch.no_grad():
-        full_logits, _ = model(ids)
-        _, state = model(ids[:, :48])
-        parts = state.parts()
-        parts[drop] = torch.zeros_like(parts[drop])
-        second, _ = model(ids[:, 48:], Mamba1State(**parts))
-    err = (second - full_logits[:, 48:]).abs().max().item()
-    assert err > 1e-2, f"dropping the {drop} state changed the logits by only {err}"
-
-
-def test_step_equals_chunked_forward():
-    model = _model()
-    ids = torch.randint(0, 257, (2, 40))
-    with torch.no_grad():
-        init = model(ids[:, :7])[1]
-        full_logits, full_state = model(ids[:, 7:], init)
-        state, outs = init, []
-        for t in range(7, 40):
-            out, state = model.step(ids[:, t], state)
-            outs.append(out)
-    torch.testing.assert_close(torch.stack(outs, 1), full_logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(state.ssm, full_state.ssm, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(state.conv, full_state.conv, rtol=1e-6, atol=1e-6)
-
-
-def test_lm_gradient_reaches_both_initial_state_parts_and_matches_finite_differences():
-    model = _model(d_model=16, d_state=4, chunk_size=4).double()
-    ids = torch.randint(0, 257, (1, 11))
-    base = model.zero_state(1)
-    g = torch.Generator().manual_seed(1)
-    ssm0 = torch.randn(base.ssm.shape, dtype=F64, generator=g).requires_grad_()
-    conv0 = torch.randn(base.conv.shape, dtype=F64, generator=g).requires_grad_()
-    w = torch.randn(1, 11, 257, dtype=F64, generator=g)
-
-    def f(ssm, conv):
-        logits, state = model(ids, Mamba1State(ssm, conv))
-        return (logits * w).sum() + state.ssm.pow(2).sum() * 0.1
-
-    f(ssm0, conv0).backward()
-    eps = 1e-6
-    for tensor in (ssm0, conv0):
-        assert tensor.grad.abs().sum() > 0
-        flat = tensor.detach().clone().view(-1)
-        for idx in torch.randperm(flat.numel(), generator=g)[:5].tolist():
-            plus, minus = flat.clone(), flat.clone()
-            plus[idx] += eps
-            minus[idx] -= eps
-            with torch.no_grad():
-                if tensor is ssm0:
-                    fd = (f(plus.view_as(ssm0), conv0) - f(minus.view_as(ssm0), conv0)) / (2 * eps)
-                else:
-                    fd = (f(ssm0, plus.view_as(conv0)) - f(ssm0, minus.view_as(conv0))) / (2 * eps)
-            assert tensor.grad.view(-1)[idx].item() == pytest.approx(fd.item(), rel=1e-5, abs=1e-7)
-
-
-def test_state_type_operations_and_errors():
-    model = _model()
-    ids = torch.randint(0, 257, (4, 10))
-    with torch.no_grad():
-        _, state = model(ids)
+def test_state_layout(nano_model):
+    state = nano_model("mamba1").zero_state(4)
     assert state.ssm.shape == (2, 4, 128, 8) and state.conv.shape == (2, 4, 128, 3)
-    reset = state.reset(torch.tensor([True, False, False, True]))
-    assert reset.ssm[:, [0, 3]].abs().sum() == 0 and torch.equal(reset.conv[:, 1], state.conv[:, 1])
-    assert torch.equal(Mamba1State.cat([state[0:2], state[2:4]]).ssm, state.ssm)
-    assert torch.equal(Mamba1State.from_state_dict(state.state_dict()).conv, state.conv)
-    assert state.recurrent_only().conv.abs().sum() == 0 and torch.equal(state.recurrent_only().ssm, state.ssm)
-    assert set(state.norms()) == {"ssm_rms_K", "conv_rms_K"}
-    assert state.group_view("ssm").shape == (2, 1, 4 * 128 * 8)
-    with pytest.raises(ValueError, match=r"state.ssm has shape .* need"):
-        model(ids, model.zero_state(3))
-    with pytest.raises(ValueError, match="must be a Mamba1State or None"):
-        model(ids, (state.ssm, state.conv))
-    with pytest.raises(ValueError, match="state.ssm must be float32"):
-        model(ids, Mamba1State(state.ssm.half(), state.conv))
+    assert state.group_view("ssm").shape == (2, 1, 4 * 128 * 8)  # fitted noise per layer
 
 
-def test_matches_transformers_mamba_logits_and_cache_states():
+def test_matches_transformers_mamba_logits_and_cache_states(nano_model):
     transformers = pytest.importorskip("transformers")
-    model = _model()
+    model = nano_model("mamba1")
     cfg = model.config
     peer = transformers.MambaForCausalLM(transformers.MambaConfig(
         vocab_size=cfg.padded_vocab_size, hidden_size=cfg.d_model, state_size=cfg.d_state,
@@ -298,13 +195,8 @@ def test_mamba2_config_is_refused_with_a_clear_error(tmp_path):
         Mamba1Config.from_official_json({**OFFICIAL_CONFIG, "ssm_cfg": {"headdim": 64}})
 
 
-def test_save_load_round_trip_and_official_shapes(tmp_path):
-    model = _model()
-    model.save_pretrained(str(tmp_path / "out"))
-    again = Mamba1LM.from_pretrained(str(tmp_path / "out"), backend="torch")
-    assert again.config == model.config
-    for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(a, b), k
+def test_saved_config_and_official_shapes(tmp_path, nano_model):
+    nano_model("mamba1").save_pretrained(str(tmp_path / "out"))
     assert "layer" not in json.loads((tmp_path / "out" / "config.json").read_text())["ssm_cfg"]
     big = Mamba1LM(preset("130m"), backend="torch")
     shapes = {k: tuple(v.shape) for k, v in big.state_dict().items()}

@@ -106,17 +106,15 @@ def test_bad_results_files_are_clear_errors(tmp_path):
         read_results([tmp_path / "missing"])
 
 
-def test_a_model_that_uses_no_context_is_told_so(tmp_path):
+def test_a_model_that_uses_no_context_is_told_so(tmp_path, nano_model):
     """An untrained model has full - reset ~ 0 everywhere (it ignores its context), which alone reads as
     "length-generalizes". Its loss past T is no better than the held-out tokens' unigram loss: the report
     must say it does not use context."""
     import torch
 
-    from recurlen import Mamba2LM, preset
     from recurlen.evaluation.runner import EvalConfig, run_eval
 
-    torch.manual_seed(0)
-    Mamba2LM(preset("nano")).save_pretrained(str(tmp_path / "untrained"))
+    nano_model().save_pretrained(str(tmp_path / "untrained"))
     text = (Path(__file__).resolve().parents[1] / "recurlen" / "models" / "mamba2" / "model.py").read_bytes()[:2 * 256]
     seqs = torch.tensor(list(text), dtype=torch.long).view(2, 256)
     cfg = EvalConfig(checkpoints=[f"untrained={tmp_path / 'untrained'}"], output_dir=str(tmp_path / "eval"),

@@ -12,7 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from recurlen.training.experiments.compose import load_experiment, resolved_config
-from recurlen.training.finetune import build_model, check_devices, run_finetune
+from recurlen.training.fault_injection import InjectNonFinite
+from recurlen.training.finetune import build_model, build_trainer, check_devices, run_finetune
 from recurlen.training.resume import (
     Damaged,
     config_differences,
@@ -268,6 +269,25 @@ def test_nan_stops_before_it_is_saved_and_the_advice_works(tmp_path, cache_dir, 
     ckpt = torch.load(run.last_checkpoint, weights_only=True)
     assert ckpt["global_step"] == 6 and all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
     assert OmegaConf.load(run.config_file).optim.lr == 2.5e-4
+
+
+def test_the_fault_hooks_are_there_only_when_a_fault_is_asked_for(tmp_path, cache_dir, monkeypatch):
+    cfg = experiment(tmp_path / "run", cache_dir)
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+    def injectors():
+        return [c for c in build_trainer(cfg, RunDir(cfg.resolved_run_dir), []).callbacks
+                if isinstance(c, InjectNonFinite)]
+
+    assert injectors() == []
+    monkeypatch.setenv(FAULT_ENV, "point=middle,file=last.ckpt,action=kill")  # a write fault: no training hooks
+    assert injectors() == []
+    monkeypatch.setenv(FAULT_ENV, "point=step,step=7,action=nan,what=grad,rank=1")  # another rank's fault
+    assert injectors() == []
+    monkeypatch.setenv(FAULT_ENV, "point=step,step=7,action=nan,what=grad")
+    [fault] = injectors()
+    assert (fault.step, fault.what) == (7, "grad")
 
 
 def test_non_finite_weights_are_never_written(tmp_path, cache_dir, monkeypatch):

@@ -235,23 +235,17 @@ def test_few_shot_prompt_is_the_release_format_and_fits_lengths_exactly():
 
 
 @pytest.mark.slow
-def test_babilong_fine_tunes_a_corpus_post_trained_run(tmp_path, run_tiny_task):
+def test_babilong_fine_tunes_a_corpus_post_trained_run(tmp_path, run_tiny_task, experiment):
     """The paper's flow for SP / TBTT: corpus post-training with the intervention, then the task fine-tune."""
     import torch
 
-    from recurlen.training.experiments.compose import load_experiment
     from recurlen.training.finetune import run_finetune
 
     with pytest.raises(ValueError, match=r"follow the paper: post-train on the corpus with tbptt"):
         run_tiny_task("babilong", "intervention=tbptt")
     post = tmp_path / "post"
-    cfg, _ = load_experiment([
-        "model=nano", "intervention=tbptt", "data.seq_len=32", "data.batch_size=2", "data.max_documents=40",
-        "data.val_fraction=0.2", f"data.cache_dir={tmp_path}/cache", "data.val_sequences=0", "data.val_segments=2",
-        "trainer.max_steps=2",
-        "trainer.progress_bar=false", "trainer.limit_val_batches=1", "diagnostics.positionwise=false",
-        "diagnostics.state_norm=false", f"run_dir={post}"])
-    run_finetune(cfg)
+    run_finetune(experiment(post, "intervention=tbptt", "data.seq_len=32", "data.batch_size=2",
+                            "data.max_documents=40", "data.val_sequences=0", "data.val_segments=2"))
     path = run_tiny_task("babilong", f"model.pretrained={post}", "intervention=none", "data.seq_len=224",
                          "data.batch_size=2", "trainer.max_steps=2", "trainer.val_every_n_steps=2",
                          "task.lengths=[224]", "task.trials=2", "task.babilong.num_facts=3",

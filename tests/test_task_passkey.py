@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from recurlen import Mamba2LM, preset
 from recurlen.evaluation.tasks.common import greedy_answers
 from recurlen.evaluation.tasks.passkey import KEY_SENTENCE, PasskeyBuilder, parse_passkey, score_passkey
 from recurlen.util.tokenizers import ByteTokenizer, load_tokenizer
@@ -96,9 +95,8 @@ def _full_forward_greedy(model, ids, steps):
     return out
 
 
-def test_stateful_greedy_equals_full_forward_argmax():
-    torch.manual_seed(0)
-    model = Mamba2LM(preset("nano", chunk_size=16), backend="torch").eval()
+def test_stateful_greedy_equals_full_forward_argmax(nano_model):
+    model = nano_model(chunk_size=16)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 256, n).tolist() for n in (70, 70, 45)]
     got = greedy_answers(model, prompts, max_new_tokens=12, stop_id=None, batch_size=2, chunk_len=32)

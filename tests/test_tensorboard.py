@@ -18,7 +18,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from recurlen.training.experiments.compose import load_experiment
 from recurlen.training.finetune import run_finetune
 from recurlen.training.optim import lr_multiplier
 
@@ -27,23 +26,17 @@ L = 18 * T  # bins up to [16T,32T): the ones that sorted wrongly before the tags
 BINS = ["[00,01T)", "[01T,02T)", "[02T,04T)", "[04T,08T)", "[08T,16T)", "[16T,32T)"]
 
 
-def tiny_run(root: Path, intervention: str):
-    cfg, _ = load_experiment([
-        "model=nano", f"intervention={intervention}", f"run_dir={root / intervention}", "trainer.max_steps=3",
-        "trainer.log_every_n_steps=1", "optim.warmup_steps=2", "data.max_documents=60", "data.val_fraction=0.2",
-        f"data.seq_len={T}",
-        "data.batch_size=4", f"data.val_length={L}", "data.val_sequences=2", "trainer.val_every_n_steps=0",
-        "trainer.limit_val_batches=1", "trainer.checkpoint_every_n_steps=0", "trainer.progress_bar=false",
-        "diagnostics.effrem=true", "diagnostics.effrem_points=3", "diagnostics.state_layers=[1]",
-        "trainer.num_threads=1"])
-    run_finetune(cfg)
-    return cfg
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, experiment):
     root = tmp_path_factory.mktemp("tb")
-    cfgs = {name: tiny_run(root, name) for name in ("none", "tbptt")}
+    cfgs = {}
+    for name in ("none", "tbptt"):
+        cfgs[name] = experiment(
+            root / name, f"intervention={name}", "trainer.max_steps=3", "optim.warmup_steps=2",
+            f"data.val_length={L}", "trainer.checkpoint_every_n_steps=0", "diagnostics.positionwise=true",
+            "diagnostics.state_norm=true", "diagnostics.effrem=true", "diagnostics.effrem_points=3",
+            "diagnostics.state_layers=[1]")
+        run_finetune(cfgs[name])
     return root, cfgs
 
 

@@ -1,5 +1,6 @@
 """Post-training end to end through the Lightning Trainer, on the nano model and the embedded corpus."""
 
+import inspect
 import json
 
 import lightning as L
@@ -7,11 +8,20 @@ import pytest
 import torch
 
 from recurlen.models.mamba2.state import RecurrentState
+from recurlen.training.data.datamodule import RecurlenDataModule
 from recurlen.training.experiments.compose import load_experiment
 from recurlen.training.finetune import run_finetune
-from recurlen.training.interventions import INTERVENTIONS, FittedNoiseStats, build_intervention, fit_noise_stats
+from recurlen.training.interventions import (
+    INTERVENTIONS,
+    KINDS,
+    FittedNoiseStats,
+    StatsRefresh,
+    build_intervention,
+    fit_noise_stats,
+)
 from recurlen.training.lit_module import RecurlenModule
 from recurlen.training.run_dir import RUN_META_KEY, load_model
+from recurlen.training.stateful import Stateful
 from recurlen.util.errors import NonFinite
 
 
@@ -243,6 +253,16 @@ def test_resume_after_kill_is_exact(tmp_path, cache_dir, name, refresh):
         assert torch.equal(sa["fitted_noise"]["mean_KH"], ra["mean_KG"].float())
         saved = torch.load(tmp_path / "full" / "fitted_noise.pt", weights_only=True)  # the run's final statistics
         assert torch.equal(saved["std_KH"], sa["fitted_noise"]["std_KH"])
+
+
+@pytest.mark.parametrize("cls", [*dict.fromkeys(KINDS.values()), StatsRefresh, FittedNoiseStats, RecurlenDataModule],
+                         ids=lambda cls: cls.__name__)
+def test_every_checkpointed_part_has_the_same_two_methods(cls):
+    """state_dict() and load_state_dict(state): the ranks a part gathers across are never passed to them."""
+    assert issubclass(cls, Stateful)
+    save, load = inspect.signature(cls.state_dict), inspect.signature(cls.load_state_dict)
+    assert list(save.parameters) == ["self"]
+    assert len(load.parameters) == 2 and all(p.kind is p.POSITIONAL_OR_KEYWORD for p in load.parameters.values())
 
 
 def _tbptt_module():

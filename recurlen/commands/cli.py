@@ -280,8 +280,9 @@ def _experiment_help(command: str, default: str) -> Callable[[Words], str]:
             f"recurlen {command} {EXPERIMENT_USAGE} [--dry-run]", COMMANDS[command].summary + ".",
             [(f"experiment=NAME  an experiment file of experiments/ (default {default}): "
               f"{', '.join(available(pipelines=False))}", []),
-             ("groups (GROUP=CHOICE loads experiments/GROUP/CHOICE.yaml; the experiment's values, then "
-              "KEY=VALUE overrides, go on top):", groups),
+             ("groups (GROUP=CHOICE loads experiments/GROUP/CHOICE.yaml; a model is a row of the model table, "
+              "recurlen.models.table, or a file of experiments/model/ARCHITECTURE/ over one; the experiment's "
+              "values, then KEY=VALUE overrides, go on top):", groups),
              (f"settings (KEY=VALUE; shown: type = {note}):", settings_help(schema, cfg))],
             COMMANDS[command].path_flags)
 

@@ -395,11 +395,11 @@ def setup_notes(cfg: DemoConfig) -> list[str]:
         f"{pre.optim.lr:g}) on `{pre.data.source}`.",
         f"- Post-training: {post_steps}, lr "
         f"{post.optim.lr:g}, the same data and T.",
-        f"- Memories start slowly decaying ({init or 'the preset as it is'}; `model.arch`, "
-        f"experiments/model/ file of `{pre.model.name}`). With the default initialisation, models of this size "
-        "did NOT fail past T in probes on 2 CPU cores (measured for Mamba-2 with A in [1, 16], T 16 to 128, up "
-        "to 12M tokens): they learn memories of at most ~170 tokens, so there would be nothing to fix at CPU "
-        "scale. The official checkpoints do fail (the paper).",
+        f"- Memories start slowly decaying ({init or 'the preset as it is'}; `model.arch` of the "
+        f"experiments/model/{model.architecture}/ file over the model table's `{pre.model.name}`). With the default "
+        "initialisation, models of this size did NOT fail past T in probes on 2 CPU cores (measured for Mamba-2 "
+        "with A in [1, 16], T 16 to 128, up to 12M tokens): they learn memories of at most ~170 tokens, so there "
+        "would be nothing to fix at CPU scale. The official checkpoints do fail (the paper).",
     ]
 
 

@@ -47,9 +47,10 @@ def greedy_generate(model: RecurrentLM, prompt_ids_BL: torch.Tensor, *, max_new_
 @dataclass
 class GenerateConfig:
     model: str = "tiny"
-    """A preset, randomly initialised (a smoke check); ignored with --checkpoint."""
+    """A model of the model table (recurlen.models.table), by its name or its size, randomly initialised (a smoke
+    check); ignored with --checkpoint."""
     architecture: str = "mamba2"
-    """The preset's architecture: mamba2, mamba1 or gla."""
+    """The model's architecture: mamba2, mamba1 or gla."""
     tokenizer: str | None = None
     """Tokenizer spec; None: the checkpoint's, else bytes."""
     prompt: str = "def main("
@@ -58,12 +59,12 @@ class GenerateConfig:
     """Tokens generated greedily."""
 
     def __post_init__(self) -> None:
-        from recurlen.models import registry
+        from recurlen.models import registry, table
 
-        presets = registry.get(self.architecture).presets
-        if self.model not in presets:
+        a = registry.get(self.architecture)
+        if table.find(self.model, architecture=a.name) is None:
             raise ValueError(f"model={self.model!r} is unknown for architecture={self.architecture}; allowed: "
-                             f"{sorted(presets)}")
+                             f"{a.model_names()}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1; got {self.max_new_tokens}")
 

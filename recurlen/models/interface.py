@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from recurlen.models import official
+from recurlen.models import official, table
 from recurlen.models.lm import StatefulLM
 from recurlen.models.state import LayeredState
 
@@ -58,20 +58,14 @@ class RecurrentLM(Protocol):
 @dataclass(frozen=True)
 class Architecture:
     """An architecture's entry in the registry: its LM class (which names its config, state type, kernels and
-    checkpoint format) and how it is named and shown."""
+    checkpoint format) and how it is named and shown. Its named models are rows of the model table
+    (recurlen.models.table)."""
 
     name: str
-    """Registry key, used in configs, run metadata and commands (mamba2, mamba1, gla)."""
+    """Registry key, used in configs, run metadata, commands and the model table's rows (mamba2, mamba1, gla)."""
     title: str
     """Human name for reports (Mamba-2, ...)."""
     model_cls: type[StatefulLM]
-    prefix: str
-    """Model names in experiments/model/ are prefix + preset ('' for Mamba-2: tiny, 780m; mamba1-790m; gla-340m)."""
-    presets: dict[str, dict[str, Any]]
-    official_marker: str
-    """Part of an official checkpoint's directory / hub name (mamba2-, mamba-, gla-)."""
-    official_seq_len: int = 2048
-    """The context the official checkpoints were pre-trained at (what 'past T' means for them)."""
 
     @property
     def config_cls(self) -> type:
@@ -89,18 +83,28 @@ class Architecture:
         """One line for reports: the shape of a config."""
         return config.describe()
 
-    def official_train_seq_len(self, directory: Path) -> int | None:
-        return self.official_seq_len if self.official_marker in str(directory) else None
+    def model_names(self) -> list[str]:
+        """This architecture's names in the model table, sorted."""
+        return table.names(self.name)
+
+    @property
+    def prefix(self) -> str:
+        """What this architecture's model names put before a size ('' for Mamba-2's 780m, 'mamba1-' for
+        mamba1-790m)."""
+        return f"{self.name}-" if any(row.name != row.size for row in table.rows(self.name)) else ""
+
+    @property
+    def presets(self) -> dict[str, dict[str, Any]]:
+        """Size -> shape of this architecture's rows of the model table (a view; the table is where they are
+        written)."""
+        return {row.size: dict(row.shape) for row in table.rows(self.name)}
 
     def preset(self, name: str, **overrides: Any):
-        """A preset by its own name (tiny) or its model name (mamba1-tiny)."""
-        key = name[len(self.prefix):] if self.prefix and name.startswith(self.prefix) else name
-        if key not in self.presets:
-            raise ValueError(f"unknown {self.title} preset {name!r}; allowed: {sorted(self.presets)}")
-        return self.config_cls(**{**self.presets[key], **overrides})
-
-    def model_names(self) -> list[str]:
-        return sorted(self.prefix + key for key in self.presets)
+        """The config of a named model, by its model name (mamba1-tiny) or its size (tiny), fields overridden."""
+        row = table.find(name, architecture=self.name)
+        if row is None:
+            raise ValueError(f"unknown {self.title} preset {name!r}; allowed: {self.model_names()}")
+        return self.config_cls(**{**row.shape, **overrides})
 
     def config_from_dict(self, d: dict[str, Any]):
         return self.config_cls.from_dict(dict(d))

@@ -13,17 +13,78 @@ mixer class and the ssm_cfg keys it reads; the LM, its initialisation and the co
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
 
+from recurlen.models.config import ModelConfig, padded
 from recurlen.models.layers import ResidualBlock, RMSNorm
 from recurlen.models.lm import StatefulLM
 from recurlen.models.official import WEIGHTS_NAME, OfficialFormat
 
 MIXER_MODEL_FORMAT = OfficialFormat(weights=WEIGHTS_NAME, embedding_key="backbone.embedding.weight",
                                     tie_flag="tie_embeddings")
+
+
+@dataclass
+class MixerModelConfig(ModelConfig):
+    """The fields every mamba-ssm language model has, whatever its mixer: config.json's top level and the ssm_cfg
+    keys Mamba-1 and Mamba-2 share. An architecture's config adds its mixer's fields (and may change defaults)."""
+
+    d_model: int = 128
+    """Width of the residual stream."""
+    n_layer: int = 2
+    """Number of blocks."""
+    vocab_size: int = 257
+    """Tokenizer vocabulary; the embedding is padded up to `pad_vocab_size_multiple`."""
+    pad_vocab_size_multiple: int = 8
+    """Embedding rows are rounded up to a multiple of this (official Mamba-2: 16 -> 50288, Mamba-1: 8 -> 50280)."""
+    tie_embeddings: bool = True
+    """LM head shares the embedding matrix (all official checkpoints)."""
+    d_state: int = 16
+    """SSM state size N."""
+    d_conv: int = 4
+    """Width of the depthwise causal conv before the scan."""
+    expand: int = 2
+    """d_inner = expand * d_model."""
+    dt_min: float = 0.001
+    """Initial dt is log-uniform in [dt_min, dt_max] (mamba-ssm default)."""
+    dt_max: float = 0.1
+    """Upper end of the initial dt range."""
+    dt_init_floor: float = 1e-4
+    """Smallest initial dt (mamba-ssm clamps the sampled values to it)."""
+    conv_bias: bool = True
+    """Bias in the short causal convolution."""
+    bias: bool = False
+    """Bias in in_proj / out_proj (official: False)."""
+    norm_eps: float = 1e-5
+    """Epsilon of the RMSNorms."""
+    rms_norm: bool = True
+    """RMSNorm (the only norm implemented; False is rejected)."""
+    residual_in_fp32: bool = True
+    """Keep the residual stream in float32 under mixed precision."""
+    initializer_range: float = 0.02
+    """Std of the embedding init when training from scratch."""
+
+    def __post_init__(self) -> None:
+        self.check_positive_ints(("d_model", "n_layer", "vocab_size", "d_state", "d_conv", "expand",
+                                  "pad_vocab_size_multiple"))
+        if self.d_conv < 2:
+            raise ValueError(f"model config: d_conv must be >= 2 (the conv carries d_conv-1 inputs); got {self.d_conv}")
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f"model config: need 0 < dt_min <= dt_max; got {self.dt_min}, {self.dt_max}")
+        if not self.rms_norm:
+            raise ValueError("model config: only rms_norm=True is supported (all official checkpoints)")
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return padded(self.vocab_size, self.pad_vocab_size_multiple)
 
 
 class Backbone(nn.Module):
@@ -122,4 +183,4 @@ def read_mixer_model_json(cfg: dict[str, Any], *, source: str, layer: str, wrong
         **{k: v for k, v in ssm_cfg.items() if k in supported_ssm})
 
 
-__all__ = ["MIXER_MODEL_FORMAT", "MixerModelLM", "mixer_model_json", "read_mixer_model_json"]
+__all__ = ["MIXER_MODEL_FORMAT", "MixerModelConfig", "MixerModelLM", "mixer_model_json", "read_mixer_model_json"]

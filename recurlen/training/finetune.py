@@ -21,6 +21,7 @@ from recurlen.models.interface import RecurrentLM
 from recurlen.training.data.datamodule import RecurlenDataModule
 from recurlen.training.experiments.compose import resolved_config
 from recurlen.training.experiments.schema import ExperimentConfig
+from recurlen.training.fault_injection import InjectNonFinite
 from recurlen.training.interventions import FittedNoise, build_intervention, fit_noise_stats
 from recurlen.training.lit_module import RecurlenModule
 from recurlen.training.preemption import Preemption
@@ -137,6 +138,9 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
     slurm = SLURMEnvironment.detect()
     callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run),
                  Preemption(keep_slurm_requeue=slurm and t.slurm_auto_requeue), *extra_callbacks]
+    fault = InjectNonFinite.from_env()  # only when a fault test asks for a non-finite value (recurlen.util.faults)
+    if fault is not None:
+        callbacks.append(fault)
     if t.progress_bar:
         callbacks.append(StepProgressBar())
     plugins: list = [AtomicCheckpointIO()]

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from recurlen.models import registry
 from recurlen.models.interface import RecurrentLM
 from recurlen.models.state import LayeredState
-from recurlen.training.interventions import InterventionConfig, Ranks, build_intervention, legacy_state
+from recurlen.training.interventions import InterventionConfig, build_intervention, legacy_state
 from recurlen.training.optim import OptimConfig, build_optimizer, lr_multiplier
 from recurlen.training.run_dir import RUN_META_KEY
-from recurlen.util import faults
+from recurlen.training.stateful import Ranks
 from recurlen.util.errors import NonFinite
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,13 @@ class RecurlenModule(L.LightningModule):
         return Ranks(rank=self.global_rank, world_size=self.trainer.world_size, all_gather=self.all_gather,
                      all_reduce_sum=lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
 
+    def setup(self, stage: str) -> None:
+        # Lightning calls this once the ranks exist and before it restores a checkpoint: the intervention's
+        # state_dict / load_state_dict reach the other ranks through these.
+        self.intervention.connect(self.ranks())
+
     def on_fit_start(self) -> None:
-        self.intervention.setup(self.model, lambda step: self.trainer.datamodule.train_batch(step), ranks=self.ranks(),
+        self.intervention.setup(self.model, lambda step: self.trainer.datamodule.train_batch(step),
                                 seq_len=self.train_seq_len)
 
     # ------------------------------------------------------------------ training
@@ -74,13 +79,9 @@ class RecurlenModule(L.LightningModule):
                                                lanes_B=lanes_B, new_stream_B=batch["new_stream"],
                                                step=int(batch["step"]), rank=self.global_rank)
         hidden, final = self.model.forward_hidden(input_ids, init)
-        if faults.nan_at(self.global_step, "state"):
-            final = _poison_first_layer(final)
         loss = token_loss(self.model.logits_from_hidden(hidden), targets, batch.get("loss_mask"))
-        if faults.nan_at(self.global_step, "loss"):
-            loss = loss * float("nan")
         self._check_finite(loss, final)
-        self.intervention.observe(final, lanes_B, step=int(batch["step"]), ranks=self.ranks())
+        self.intervention.observe(final, lanes_B, step=int(batch["step"]))
         batch_size = input_ids.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
         self.log("train/final_state_rms", final.norms()[f"{final.RECURRENT[0]}_rms_K"].mean(), batch_size=batch_size)
@@ -129,8 +130,6 @@ class RecurlenModule(L.LightningModule):
         # The rate this optimizer step uses: the scheduler steps after it, so reading it later shows step k+1's.
         self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=1)
         named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
-        if named and faults.nan_at(self.global_step, "grad"):  # a gradient inside a block, to name its layer
-            next((g for n, g in named if ".layers." in f".{n}"), named[-1][1]).view(-1)[0] = float("nan")
         norms = [g.detach().float().norm() for _, g in named]
         if norms:
             total = torch.stack(norms).norm()
@@ -142,12 +141,6 @@ class RecurlenModule(L.LightningModule):
                 bad = next((n for (n, _), ok in zip(named, finite) if not ok), None)
                 if bad is not None:  # else only the norm overflowed; clipping deals with large gradients
                     raise NonFinite(f"non-finite gradient of {bad}{_layer_of(bad)}", step=self.global_step)
-
-    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if faults.nan_at(self.global_step, "weight"):
-            with torch.no_grad():
-                next(iter(self.model.parameters())).view(-1)[0] = float("nan")
 
     def on_train_start(self) -> None:
         self.apply_optim_config()
@@ -194,13 +187,13 @@ class RecurlenModule(L.LightningModule):
             "tokenizer": self.tokenizer_spec,
             "train_seq_len": self.train_seq_len,
             "intervention": self.intervention.name,
-            "intervention_state": self.intervention.state_dict(self.ranks()),
+            "intervention_state": self.intervention.state_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         meta = checkpoint.get(RUN_META_KEY) or {}
         state = meta["intervention_state"] if "intervention_state" in meta else legacy_state(meta)
-        self.intervention.load_state_dict(state, self.ranks())
+        self.intervention.load_state_dict(state)
 
 
 def _layer_of(param_name: str) -> str:
@@ -208,16 +201,3 @@ def _layer_of(param_name: str) -> str:
     match = re.search(r"(?:^|\.)layers\.(\d+)\.", param_name)
     return f" (layer {match.group(1)})" if match else ""
 
-
-def _poison_first_layer(state: LayeredState) -> LayeredState:
-    """The state with layer 0 of its recurrent part made NaN (test fault injection, recurlen.util.faults)."""
-    part = state.RECURRENT[0]
-
-    def poison(name: str, t: torch.Tensor) -> torch.Tensor:
-        if name != part:
-            return t
-        mask = torch.zeros(t.shape[0], *([1] * (t.dim() - 1)), dtype=torch.bool, device=t.device)
-        mask[0] = True
-        return torch.where(mask, torch.full_like(t, float("nan")), t)
-
-    return state._map(poison)

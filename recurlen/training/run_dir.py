@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from recurlen.models import registry
+from recurlen.models import registry, table
 from recurlen.models.interface import RecurrentLM
 from recurlen.models.official import CONFIG_NAME
 from recurlen.util.atomic_files import write_text
@@ -252,8 +252,10 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
     a = registry.detect(directory)
     model = a.load_pretrained(directory, backend=backend, device=device, dtype=torch.float32)
     has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
-    return LoadedModel(model, tokenizer=str(directory) if has_tokenizer else None,
-                       train_seq_len=a.official_train_seq_len(directory), source=str(directory))
+    known = table.official(directory)  # an official checkpoint (by hub id or directory name) says its context
+    train_seq_len = known.train_seq_len if known is not None and known.architecture == a.name else None
+    return LoadedModel(model, tokenizer=str(directory) if has_tokenizer else None, train_seq_len=train_seq_len,
+                       source=str(directory))
 
 
 __all__ = ["ARCHIVE_DIR", "CONFIG_FILE", "DAMAGED_SUFFIX", "FITTED_NOISE_FILE", "HISTORY_FILE", "LAST_CHECKPOINT",

@@ -16,6 +16,9 @@ and, to make training go non-finite at a given optimizer step,
 
   what    loss (the step's loss), grad (a gradient, before the optimizer step), state (the final state of
           layer 0) or weight (a weight, right after the optimizer step)
+
+The trainer adds the callback that injects these (recurlen.training.fault_injection) only when one is asked
+for; a run without it has no fault code in its steps.
 """
 
 from __future__ import annotations
@@ -46,13 +49,16 @@ def _spec() -> dict[str, str] | None:
     return spec
 
 
-def nan_at(step: int, what: str) -> bool:
-    """Whether training should make `what` non-finite at this optimizer step (a test's RECURLEN_FAULT)."""
+def nan_fault() -> tuple[int, str] | None:
+    """(optimizer step, what) when RECURLEN_FAULT asks this process to make `what` non-finite at that step, else
+    None. Read once, when the trainer is built (it then adds the callback that injects it)."""
     spec = _spec()
+    if spec is None or spec["action"] != "nan":
+        return None
     # rank=N limits it to one DDP process (the launcher's children have LOCAL_RANK; the first process is rank 0).
-    return (spec is not None and spec["action"] == "nan" and spec["what"] == what
-            and int(spec.get("step", -1)) == step
-            and ("rank" not in spec or int(spec["rank"]) == int(os.environ.get("LOCAL_RANK", "0"))))
+    if "rank" in spec and int(spec["rank"]) != int(os.environ.get("LOCAL_RANK", "0")):
+        return None
+    return int(spec.get("step", -1)), spec["what"]
 
 
 def at(point: str, target: Path, tmp: Path | None = None) -> None:
@@ -74,4 +80,4 @@ def at(point: str, target: Path, tmp: Path | None = None) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp or target))
 
 
-__all__ = ["ACTIONS", "FAULT_ENV", "NAN_TARGETS", "POINTS", "at", "nan_at"]
+__all__ = ["ACTIONS", "FAULT_ENV", "NAN_TARGETS", "POINTS", "at", "nan_fault"]

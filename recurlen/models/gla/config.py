@@ -1,4 +1,4 @@
-"""GLA (gated linear attention) model configuration and named presets.
+"""GLA (gated linear attention) model configuration.
 
 Field names are those of flash-linear-attention's `GLAConfig`, i.e. of the `config.json` in the
 fla-hub/gla-* checkpoints, so an official config maps onto this dataclass 1:1. Options the
@@ -160,21 +160,4 @@ RECURLEN_ONLY = {"chunk_size", "gate_bias_init_range"}
 """Fields that are not fla's: never written to nor read from an official config.json."""
 
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # Small CPU presets (byte-level vocabulary of the embedded corpus).
-    "nano": dict(hidden_size=64, num_hidden_layers=2, num_heads=2, hidden_ratio=2, intermediate_size=128),
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, intermediate_size=256),
-    # fla-hub/gla-* shapes (Llama-2 tokenizer, 32000 entries).
-    "340m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=4, vocab_size=32000, tie_word_embeddings=True),
-    "1.3b": dict(hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000),
-}
-
-
-def preset(name: str, **overrides: Any) -> GLAConfig:
-    """A named GLA shape, optionally with fields overridden."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown GLA preset {name!r}; allowed: {sorted(PRESETS)}")
-    return GLAConfig(**{**PRESETS[name], **overrides})
-
-
-__all__ = ["PRESETS", "GLAConfig", "preset"]
+__all__ = ["GLAConfig"]

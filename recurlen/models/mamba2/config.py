@@ -1,4 +1,4 @@
-"""Mamba-2 model configuration and named presets.
+"""Mamba-2 model configuration.
 
 Field names follow the official state-spaces/mamba2-* `config.json` (top level) and mamba-ssm's
 `Mamba2` constructor (the `ssm_cfg` block), so an official config maps onto this dataclass 1:1.
@@ -9,28 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recurlen.models.config import ModelConfig, padded
-from recurlen.models.mixer_model import mixer_model_json, read_mixer_model_json
+from recurlen.models import table
+from recurlen.models.mixer_model import MixerModelConfig, mixer_model_json, read_mixer_model_json
 
 
 @dataclass
-class Mamba2Config(ModelConfig):
-    d_model: int = 128
-    """Width of the residual stream."""
-    n_layer: int = 2
-    """Number of Mamba-2 blocks."""
-    vocab_size: int = 257
-    """Tokenizer vocabulary; the embedding is padded up to `pad_vocab_size_multiple`."""
-    pad_vocab_size_multiple: int = 8
-    """Embedding rows are rounded up to a multiple of this (official models: 16 -> 50288)."""
-    tie_embeddings: bool = True
-    """LM head shares the embedding matrix (all official Mamba-2 checkpoints)."""
+class Mamba2Config(MixerModelConfig):
+    """The shared fields are MixerModelConfig's (recurlen.models.mixer_model); these are the Mamba2 mixer's."""
+
     d_state: int = 64
     """SSM state size N per head."""
-    d_conv: int = 4
-    """Width of the depthwise causal conv on xBC."""
-    expand: int = 2
-    """d_inner = expand * d_model."""
     headdim: int = 32
     """Head dimension P; nheads = d_inner / headdim."""
     ngroups: int = 1
@@ -41,34 +29,14 @@ class Mamba2Config(ModelConfig):
     """A = -exp(A_log) is initialised uniformly in this range (mamba-ssm default (1, 16))."""
     A_init_log_uniform: bool = False
     """Sample A log-uniformly in A_init_range instead of uniformly (slow-decay heads need this)."""
-    dt_min: float = 0.001
-    """Initial dt is log-uniform in [dt_min, dt_max] (mamba-ssm default)."""
-    dt_max: float = 0.1
-    """Upper end of the initial dt range."""
-    dt_init_floor: float = 1e-4
-    """Smallest initial dt (mamba-ssm clamps the sampled values to it)."""
     dt_limit: tuple[float, float] = (0.0, float("inf"))
     """dt is clamped to this range after softplus (mamba-ssm default: no clamp)."""
-    conv_bias: bool = True
-    """Bias in the short causal convolution."""
-    bias: bool = False
-    """Bias in in_proj / out_proj (official: False)."""
-    norm_eps: float = 1e-5
-    """Epsilon of the RMSNorms."""
-    rms_norm: bool = True
-    """RMSNorm (the only norm implemented; False is rejected)."""
-    residual_in_fp32: bool = True
-    """Keep the residual stream in float32 under mixed precision."""
-    initializer_range: float = 0.02
-    """Std of the embedding init when training from scratch."""
 
     def __post_init__(self) -> None:
         self.A_init_range = tuple(float(a) for a in self.A_init_range)  # omegaconf gives lists
         self.dt_limit = tuple(float(a) for a in self.dt_limit)
-        self.check_positive_ints(("d_model", "n_layer", "vocab_size", "d_state", "d_conv", "expand", "headdim",
-                                  "ngroups", "chunk_size", "pad_vocab_size_multiple"))
-        if self.d_conv < 2:
-            raise ValueError(f"model config: d_conv must be >= 2 (the conv carries d_conv-1 inputs); got {self.d_conv}")
+        self.check_positive_ints(("headdim", "ngroups", "chunk_size"))
+        super().__post_init__()
         if self.d_inner % self.headdim != 0:
             raise ValueError(
                 f"model config: d_inner = expand*d_model = {self.d_inner} must be divisible by headdim={self.headdim}"
@@ -81,16 +49,8 @@ class Mamba2Config(ModelConfig):
         lo, hi = self.A_init_range
         if not 0 < lo <= hi:
             raise ValueError(f"model config: A_init_range must satisfy 0 < low <= high; got {self.A_init_range}")
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"model config: need 0 < dt_min <= dt_max; got {self.dt_min}, {self.dt_max}")
-        if not self.rms_norm:
-            raise ValueError("model config: only rms_norm=True is supported (all official Mamba-2 checkpoints)")
 
     # ------------------------------------------------------------------ derived sizes
-    @property
-    def d_inner(self) -> int:
-        return self.expand * self.d_model
-
     @property
     def nheads(self) -> int:
         return self.d_inner // self.headdim
@@ -102,10 +62,6 @@ class Mamba2Config(ModelConfig):
     @property
     def d_in_proj(self) -> int:
         return 2 * self.d_inner + 2 * self.ngroups * self.d_state + self.nheads
-
-    @property
-    def padded_vocab_size(self) -> int:
-        return padded(self.vocab_size, self.pad_vocab_size_multiple)
 
     def describe(self) -> str:
         return (f"Mamba-2 (d_model {self.d_model}, {self.n_layer} layers, d_state {self.d_state}, headdim "
@@ -141,28 +97,8 @@ class Mamba2Config(ModelConfig):
                                            ignored_ssm=ignored, refused_ssm=refused))
 
 
-# Official checkpoint shapes (state-spaces/mamba2-*): GPT-NeoX-20B tokenizer, 50277 -> 50288.
-_OFFICIAL = dict(vocab_size=50277, pad_vocab_size_multiple=16, d_state=128, headdim=64, expand=2, ngroups=1,
-                 chunk_size=256)
+# A view kept for callers that still read Mamba-2's shapes here (tests/test_checkpoint.py); the shapes are written
+# in the model table, recurlen.models.table.
+PRESETS: dict[str, dict[str, Any]] = {row.size: dict(row.shape) for row in table.rows("mamba2")}
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # Small CPU presets (byte-level vocabulary of the embedded corpus).
-    "nano": dict(d_model=64, n_layer=2, d_state=16, headdim=16, chunk_size=64),
-    "tiny": dict(d_model=128, n_layer=2, d_state=64, headdim=32, chunk_size=64),
-    "small": dict(d_model=256, n_layer=4, d_state=64, headdim=32, chunk_size=64),
-    # Official state-spaces/mamba2-* shapes.
-    "130m": dict(d_model=768, n_layer=24, **_OFFICIAL),
-    "370m": dict(d_model=1024, n_layer=48, **_OFFICIAL),
-    "780m": dict(d_model=1536, n_layer=48, **_OFFICIAL),
-    "1.3b": dict(d_model=2048, n_layer=48, **_OFFICIAL),
-    "2.7b": dict(d_model=2560, n_layer=64, **_OFFICIAL),
-}
-
-def preset(name: str, **overrides: Any) -> Mamba2Config:
-    """A named model shape, optionally with fields overridden."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; allowed: {sorted(PRESETS)}")
-    return Mamba2Config(**{**PRESETS[name], **overrides})
-
-
-__all__ = ["Mamba2Config", "PRESETS", "preset"]
+__all__ = ["Mamba2Config", "PRESETS"]

@@ -4,9 +4,11 @@
 
 `experiment=NAME` picks experiments/NAME.yaml (a subcommand gives the default). A `group=choice`
 argument whose group is a folder of experiments/ (model, intervention, data, trainer) picks
-experiments/<group>/<choice>.yaml; every other `a.b=c` is an omegaconf dotlist override. The
-result is validated against the typed schema, so an unknown key or a bad value fails with a message
-that names it and says what is allowed.
+experiments/<group>/<choice>.yaml; every other `a.b=c` is an omegaconf dotlist override. A model choice is
+a row of the model table (recurlen.models.table), or a file experiments/model/<architecture>/<choice>.yaml
+that names a row and changes or adds fields (the demos' slowly decaying initialisations). The result is
+validated against the typed schema, so an unknown key or a bad value fails with a message that names it
+and says what is allowed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from recurlen.models import registry
+from recurlen.models import registry, table
 from recurlen.training.experiments.schema import GROUPS, ExperimentConfig
 from recurlen.training.interventions import LAYOUT_FOR
 from recurlen.util.arguments import check_key, schema_keys, suggest
@@ -41,6 +43,8 @@ def experiments_dir() -> Path:
 
 def available(group: str | None = None, *, root: Path | None = None, pipelines: bool = True) -> list[str]:
     root = root or experiments_dir()
+    if group == "model":
+        return sorted({*table.names(), *model_files(root)})
     folder = root if group is None else root / group
     names = sorted(p.stem for p in folder.glob("*.yaml"))
     if group is None and not pipelines:
@@ -58,12 +62,60 @@ def _load_yaml(path: Path) -> DictConfig:
     return cfg
 
 
+def _unknown(root: Path, group: str, choice: str) -> ValueError:
+    choices = available(group, root=root)
+    return ValueError(f"unknown {group} {choice!r}{suggest(choice, choices)}; allowed: {choices}")
+
+
 def _group_file(root: Path, group: str, choice: str) -> Path:
     path = root / group / f"{choice}.yaml"
     if not path.is_file():
-        choices = available(group, root=root)
-        raise ValueError(f"unknown {group} {choice!r}{suggest(choice, choices)}; allowed: {choices}")
+        raise _unknown(root, group, choice)
     return path
+
+
+def model_files(root: Path | None = None) -> dict[str, Path]:
+    """Choice -> experiments/model/<architecture>/<choice>.yaml: models that change or add to a row of the model
+    table (a file named like a row changes that row). The folder names the architecture."""
+    folder = (root or experiments_dir()) / "model"
+    loose = sorted(p.name for p in folder.glob("*.yaml"))
+    if loose:
+        raise ValueError(f"{folder}: model files {loose} belong in a folder named after their architecture "
+                         f"(model/<architecture>/); the model table (recurlen.models.table) holds the plain rows")
+    found = {p.stem: p for p in sorted(folder.glob("*/*.yaml"))}
+    known = registry.architectures()
+    for path in found.values():
+        if path.parent.name not in known:
+            raise ValueError(f"{path}: its folder {path.parent.name!r} is not an architecture; allowed: "
+                             f"{list(known)}")
+    return found
+
+
+def model_choice(choice: str, *, root: Path | None = None) -> DictConfig:
+    """The model section that `model=CHOICE` gives: a row of the model table, or a model file on top of the row it
+    names (the file's `arch` fields over the row's shape)."""
+    root = root or experiments_dir()
+    path = model_files(root).get(choice)
+    if path is None:
+        row = table.find(choice)
+        if row is None:
+            raise _unknown(root, "model", choice)
+        return _row_section(row)
+    part = _load_yaml(path)
+    architecture = path.parent.name
+    if part.get("architecture", architecture) != architecture:
+        raise ValueError(f"{path}: architecture {part.architecture!r} is not its folder's ({architecture!r})")
+    part.architecture = architecture
+    row = table.find(str(part.get("name")))
+    if row is None or row.architecture != architecture:
+        return part  # 'custom' or a name of another architecture: the schema names the problem
+    return OmegaConf.merge(_row_section(row), part)
+
+
+def _row_section(row: table.ModelRow) -> DictConfig:
+    return OmegaConf.create({"name": row.name, "architecture": row.architecture, "pretrained": row.hub_id,
+                             "default_data": row.default_data, "pretrain_lr": row.pretrain_lr,
+                             "arch": dict(row.shape)})
 
 
 def parse_overrides(args: list[str], *, schema: type[ExperimentConfig] = ExperimentConfig
@@ -107,9 +159,10 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
             if group == "data" and "data" not in choices and merged.model.default_data:
                 choice = merged.model.default_data  # an official model brings its corpus and tokenizer
             if choice is not None:
-                part = _load_yaml(_group_file(root, group, str(choice)))
                 if group == "model":
-                    part = _with_preset_arch(part)
+                    part = model_choice(str(choice), root=root)
+                else:
+                    part = _load_yaml(_group_file(root, group, str(choice)))
                 layout_explicit |= group == "data" and "layout" in part
                 merged = OmegaConf.merge(merged, {group: part})
         merged = OmegaConf.merge(merged, exp)
@@ -154,18 +207,6 @@ def _experiment_file(root: Path, experiment: str, *, chain: tuple[str, ...]) -> 
         return defaults, exp
     base_defaults, base_exp = _experiment_file(root, str(base), chain=(*chain, experiment))
     return {**base_defaults, **defaults}, OmegaConf.merge(base_exp, exp)
-
-
-def _with_preset_arch(part: DictConfig) -> DictConfig:
-    """A model group file names its shape (its architecture's presets, the one place shapes are written down);
-    `arch` in the file changes fields of that preset."""
-    name = part.get("name")
-    known = registry.architectures().get(str(part.get("architecture", "mamba2"))) if name else None
-    if known is None or name not in known.model_names():
-        return part  # 'custom' or a bad name/architecture: the schema names the problem
-    preset = known.presets[name[len(known.prefix):] if known.prefix else name]
-    arch = OmegaConf.merge(OmegaConf.create(dict(preset)), part.get("arch") or {})
-    return OmegaConf.merge(part, {"arch": arch})
 
 
 def _explain(err: OmegaConfBaseException, schema: type[ExperimentConfig] = ExperimentConfig) -> str:

@@ -20,7 +20,7 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", "single_device")
 @dataclass
 class ModelSection:
     name: str = "tiny"
-    """A model name from experiments/model/ (Mamba-2: nano ... 2.7b; mamba1-*; gla-*) or 'custom'."""
+    """A name of the model table, recurlen.models.table (Mamba-2: nano ... 2.7b; mamba1-*; gla-*), or 'custom'."""
     architecture: str = "mamba2"
     """mamba2, mamba1 or gla (see recurlen.models.interface); decides what `arch` holds."""
     pretrained: str | None = None
@@ -34,7 +34,7 @@ class ModelSection:
     default_data: str | None = None
     """The data group used with this model unless the command line picks one (official models: pile)."""
     pretrain_lr: float | None = None
-    """Peak learning rate the checkpoint was pre-trained with (official models: see experiments/model/*.yaml);
+    """Peak learning rate the checkpoint was pre-trained with (official models: the model table's pretrain_lr);
     post-training uses a fraction of it (optim.lr_from_pretrain)."""
 
     def __post_init__(self) -> None:

@@ -19,10 +19,11 @@ Shapes: K layers, G groups (heads), M entries of a group over the lanes of a bat
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from recurlen.training.stateful import Ranks
 
 REFRESH_MODES = ("none", "every", "ema")
 
@@ -50,12 +51,16 @@ class Moments:
 
 
 class StatsRefresh:
-    """The window of final states and the moments it updates (see the module docstring)."""
+    """The window of final states and the moments it updates (see the module docstring); every rank pools its
+    window with the others' through `ranks`."""
 
-    def __init__(self, mode: str, *, every: int, decay: float) -> None:
+    def __init__(self, mode: str, *, every: int, decay: float, ranks: Ranks | None = None) -> None:
         if mode not in REFRESH_MODES[1:]:
             raise ValueError(f"fit_refresh={mode!r} has no refresh; allowed: {list(REFRESH_MODES)}")
         self.mode, self.every, self.decay = mode, every, decay
+        self.ranks = ranks or Ranks()
+        self.device = torch.device("cpu")
+        """Where the last final states were (checkpoint gathers run there: NCCL needs CUDA tensors)."""
         self.moments: Moments | None = None
         self.sum_KG: torch.Tensor | None = None
         self.sumsq_KG: torch.Tensor | None = None
@@ -74,6 +79,7 @@ class StatsRefresh:
 
     def add(self, x_KGM: torch.Tensor, lanes: int) -> None:
         """One step's final states, grouped: entries of a group over all of this rank's lanes."""
+        self.device = x_KGM.device
         x = x_KGM.detach().double()
         s, sq = x.sum(dim=-1), x.pow(2).sum(dim=-1)
         if self.sum_KG is None:
@@ -88,8 +94,7 @@ class StatsRefresh:
         """Whether step (0-based) ends a window."""
         return (step + 1) % self.every == 0
 
-    def refresh(self, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def refresh(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Fold the window into the moments (every rank at the same step); returns the new (mean, std)."""
         assert self.moments is not None and self.sum_KG is not None, "refresh before start() or without states"
         k, g = self.sum_KG.shape
@@ -97,8 +102,8 @@ class StatsRefresh:
         packed = torch.cat([self.sum_KG.flatten(), self.sumsq_KG.flatten(),
                             torch.tensor([float(self.count), float(self.lanes_in_window)], dtype=torch.float64,
                                          device=self.sum_KG.device)])
-        if all_reduce_sum is not None:
-            packed = all_reduce_sum(packed)
+        if self.ranks.world_size > 1:
+            packed = self.ranks.all_reduce_sum(packed)
         total, lanes = packed[-2], packed[-1]
         window = Moments((packed[:k * g] / total).view(k, g), (packed[k * g:2 * k * g] / total).view(k, g))
         if self.mode == "every":
@@ -112,11 +117,11 @@ class StatsRefresh:
         return self.moments.mean_std()
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self, gather: Callable[[torch.Tensor], torch.Tensor] | None, world_size: int, *,
-                   device: torch.device) -> dict:
-        """The moments and every rank's part of the open window (every rank must call this: it gathers, on
-        `device`)."""
+    def state_dict(self) -> dict:
+        """The moments and every rank's part of the open window (every rank must call this: it gathers, on the
+        device of the last final states)."""
         assert self.moments is not None
+        gather, world_size, device = self.ranks.all_gather, self.ranks.world_size, self.device
         n = self.moments.mean_KG.numel()
         sums = (torch.zeros(2 * n, dtype=torch.float64) if self.sum_KG is None
                 else torch.cat([self.sum_KG.flatten(), self.sumsq_KG.flatten()]))
@@ -127,13 +132,14 @@ class StatsRefresh:
                 "windows": windows.cpu(), "world_size": world_size, "refreshes": self.refreshes,
                 "states_seen": self.states_seen}
 
-    def load_state_dict(self, d: dict, *, rank: int, world_size: int) -> None:
+    def load_state_dict(self, state: dict) -> None:
         """Take back the moments and this rank's part of the open window. On another world size the ranks'
         parts cannot be mapped; rank 0 takes their sum (the next refresh pools them all anyway)."""
-        self.moments = Moments(d["mean_KG"].double(), d["m2_KG"].double())
-        self.refreshes, self.states_seen = int(d["refreshes"]), int(d["states_seen"])
-        windows = d["windows"].double()
-        if int(d["world_size"]) == world_size:
+        rank, world_size = self.ranks.rank, self.ranks.world_size
+        self.moments = Moments(state["mean_KG"].double(), state["m2_KG"].double())
+        self.refreshes, self.states_seen = int(state["refreshes"]), int(state["states_seen"])
+        windows = state["windows"].double()
+        if int(state["world_size"]) == world_size:
             row = windows[rank]
         else:
             row = windows.sum(dim=0) if rank == 0 else torch.zeros_like(windows[0])

@@ -1,0 +1,151 @@
+"""The model table: every named model recurlen knows, one typed row each.
+
+A row says everything a name stands for: its architecture, its shape (fields of that architecture's config),
+where the official weights live and what they were trained with. `model=NAME` composes a model section from its
+row, `Architecture.preset(name)` builds its config, and `official(directory)` says which official checkpoint a
+hub id or a directory is. Rows name their architecture by its registry name (a string): this module sits below
+the architecture folders and imports none of them.
+
+A new architecture is one folder of recurlen/models/ plus one group of rows here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One named model."""
+
+    name: str
+    """The choice `model=NAME` (make: MODEL=NAME). Mamba-2's names are bare (tiny, 780m); the other architectures'
+    start with the architecture's name (mamba1-790m, gla-340m)."""
+    architecture: str
+    """Registry name of its architecture (recurlen.models.registry): mamba2, mamba1, gla."""
+    shape: Mapping[str, Any]
+    """Fields of the architecture's config; fields not given keep the config's defaults."""
+    hub_id: str | None = None
+    """The official checkpoint on the Hugging Face hub; None for the CPU shapes, trained from scratch."""
+    tokenizer: str = "bytes"
+    """The tokenizer it was trained with: 'bytes', or a hub id whose files hold the tokenizer."""
+    pretrain_lr: float | None = None
+    """Peak learning rate of its pre-training where it is recorded; post-training takes a fraction of it."""
+    train_seq_len: int | None = None
+    """The context it was pre-trained at (what 'past T' means for it); None where the user trains it."""
+    default_data: str | None = None
+    """The data group it is trained on unless the command line picks one (experiments/data/<group>.yaml)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", MappingProxyType(dict(self.shape)))  # rows are shared: never mutated
+        if (self.hub_id is None) != (self.train_seq_len is None):
+            raise ValueError(f"model {self.name!r}: an official checkpoint (hub_id) states its training context "
+                             f"(train_seq_len) and a CPU shape states neither; got hub_id={self.hub_id!r}, "
+                             f"train_seq_len={self.train_seq_len!r}")
+        if self.pretrain_lr is not None and not self.pretrain_lr > 0:
+            raise ValueError(f"model {self.name!r}: pretrain_lr must be > 0 or None; got {self.pretrain_lr}")
+
+    @property
+    def size(self) -> str:
+        """The name without its architecture's prefix (mamba1-790m -> 790m), as the architecture's own presets
+        are named (`registry.get('mamba1').preset('790m')`)."""
+        return self.name.removeprefix(f"{self.architecture}-")
+
+
+# GPT-NeoX-20B's tokenizer (state-spaces/mamba-* and mamba2-* hold none of their own).
+_NEOX = "EleutherAI/gpt-neox-20b"
+# The Llama-2 tokenizer the fla-hub GLA checkpoints hold (the 1.3B's files are the same as the 340M's).
+_LLAMA2 = "fla-hub/gla-340M-15B"
+# Every official checkpoint below was pre-trained at context 2048 (the Mamba and Mamba-2 papers; fla-hub's cards).
+_PILE = dict(tokenizer=_NEOX, train_seq_len=2048, default_data="pile")
+_PILE_GLA = dict(tokenizer=_LLAMA2, train_seq_len=2048, default_data="pile-gla")
+
+# What the official shapes of one architecture share.
+_MAMBA2 = dict(vocab_size=50277, pad_vocab_size_multiple=16, d_state=128, headdim=64, expand=2, ngroups=1,
+               chunk_size=256)  # embedding padded 50277 -> 50288
+_MAMBA1 = dict(vocab_size=50277, pad_vocab_size_multiple=8, d_state=16, expand=2)  # 50277 -> 50280
+_GLA = dict(num_hidden_layers=24, num_heads=4, vocab_size=32000)
+
+MODELS: tuple[ModelRow, ...] = (
+    # ---- Mamba-2. CPU shapes: byte vocabulary of the embedded corpus.
+    ModelRow("nano", "mamba2", dict(d_model=64, n_layer=2, d_state=16, headdim=16, chunk_size=64)),
+    ModelRow("tiny", "mamba2", dict(d_model=128, n_layer=2, d_state=64, headdim=32, chunk_size=64)),
+    ModelRow("small", "mamba2", dict(d_model=256, n_layer=4, d_state=64, headdim=32, chunk_size=64)),
+    # state-spaces/mamba2-*, trained on the Pile. Pre-training peak lr: 5 x GPT-3's for the size (README,
+    # "Fine-tuning"): 6e-4, 3e-4, 2.5e-4, 2e-4, 1.6e-4.
+    ModelRow("130m", "mamba2", dict(d_model=768, n_layer=24, **_MAMBA2), hub_id="state-spaces/mamba2-130m",
+             pretrain_lr=3e-3, **_PILE),
+    ModelRow("370m", "mamba2", dict(d_model=1024, n_layer=48, **_MAMBA2), hub_id="state-spaces/mamba2-370m",
+             pretrain_lr=1.5e-3, **_PILE),
+    ModelRow("780m", "mamba2", dict(d_model=1536, n_layer=48, **_MAMBA2), hub_id="state-spaces/mamba2-780m",
+             pretrain_lr=1.25e-3, **_PILE),
+    ModelRow("1.3b", "mamba2", dict(d_model=2048, n_layer=48, **_MAMBA2), hub_id="state-spaces/mamba2-1.3b",
+             pretrain_lr=1e-3, **_PILE),
+    ModelRow("2.7b", "mamba2", dict(d_model=2560, n_layer=64, **_MAMBA2), hub_id="state-spaces/mamba2-2.7b",
+             pretrain_lr=8e-4, **_PILE),
+    # ---- Mamba-1. CPU shapes: byte vocabulary.
+    ModelRow("mamba1-nano", "mamba1", dict(d_model=64, n_layer=2, d_state=8)),
+    ModelRow("mamba1-tiny", "mamba1", dict(d_model=128, n_layer=2, d_state=16)),
+    # state-spaces/mamba-*, trained on the Pile (no pre-training rate recorded here).
+    ModelRow("mamba1-130m", "mamba1", dict(d_model=768, n_layer=24, **_MAMBA1), hub_id="state-spaces/mamba-130m",
+             **_PILE),
+    ModelRow("mamba1-370m", "mamba1", dict(d_model=1024, n_layer=48, **_MAMBA1), hub_id="state-spaces/mamba-370m",
+             **_PILE),
+    ModelRow("mamba1-790m", "mamba1", dict(d_model=1536, n_layer=48, **_MAMBA1), hub_id="state-spaces/mamba-790m",
+             **_PILE),
+    ModelRow("mamba1-1.4b", "mamba1", dict(d_model=2048, n_layer=48, **_MAMBA1), hub_id="state-spaces/mamba-1.4b",
+             **_PILE),
+    ModelRow("mamba1-2.8b", "mamba1", dict(d_model=2560, n_layer=64, **_MAMBA1), hub_id="state-spaces/mamba-2.8b",
+             **_PILE),
+    # ---- GLA. CPU shapes: byte vocabulary.
+    ModelRow("gla-nano", "gla", dict(hidden_size=64, num_hidden_layers=2, num_heads=2, hidden_ratio=2,
+                                     intermediate_size=128)),
+    ModelRow("gla-tiny", "gla", dict(hidden_size=128, num_hidden_layers=2, num_heads=2, intermediate_size=256)),
+    # fla-hub/gla-*, trained by fla's authors on SlimPajama (15B / 100B tokens); post-trained on the Pile with
+    # their tokenizer (no pre-training rate recorded here).
+    ModelRow("gla-340m", "gla", dict(hidden_size=1024, tie_word_embeddings=True, **_GLA),
+             hub_id="fla-hub/gla-340M-15B", **_PILE_GLA),
+    ModelRow("gla-1.3b", "gla", dict(hidden_size=2048, **_GLA), hub_id="fla-hub/gla-1.3B-100B", **_PILE_GLA),
+)
+
+
+def rows(architecture: str | None = None) -> list[ModelRow]:
+    """The table's rows (of one architecture), in table order."""
+    return [row for row in MODELS if architecture is None or row.architecture == architecture]
+
+
+def names(architecture: str | None = None) -> list[str]:
+    """Model names (of one architecture), sorted."""
+    return sorted(row.name for row in rows(architecture))
+
+
+def find(name: str, *, architecture: str | None = None) -> ModelRow | None:
+    """The row named `name`; with an architecture, also by its size (mamba1 + 790m -> mamba1-790m)."""
+    for row in rows(architecture):
+        if name == row.name or (architecture is not None and name == row.size):
+            return row
+    return None
+
+
+def official(directory: str | Path) -> ModelRow | None:
+    """The official checkpoint a hub id or a checkpoint directory is, by name, never by what it holds: the hub id
+    itself, a directory named like the hub repository (.../mamba2-780m), or the repository's snapshot in the
+    Hugging Face cache (.../models--state-spaces--mamba2-780m/snapshots/<revision>). None for anything else
+    (a directory of one's own, even one named mamba2-780m-long, states nothing about how it was trained)."""
+    path = Path(directory)
+    seen = {path.name.lower()}
+    if path.parent.name == "snapshots":
+        seen.add(path.parent.parent.name.lower())
+    for row in MODELS:
+        if row.hub_id is not None:
+            repo = row.hub_id.lower()
+            if seen & {repo.split("/")[-1], "models--" + repo.replace("/", "--")}:
+                return row
+    return None
+
+
+__all__ = ["MODELS", "ModelRow", "find", "names", "official", "rows"]

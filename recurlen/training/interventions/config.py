@@ -1,0 +1,65 @@
+"""The intervention section of an experiment: which intervention, and its settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recurlen.training.interventions.noise_refresh import REFRESH_MODES
+
+INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
+LAYOUT_FOR = {"none": "independent", "random_noise": "independent", "fitted_noise": "independent",
+              "state_passing": "independent", "tbptt": "contiguous"}
+
+
+@dataclass
+class InterventionConfig:
+    name: str = "none"
+    """One of none, random_noise, fitted_noise, state_passing, tbptt."""
+    noise_std: float = 1.0
+    """random_noise: std of the i.i.d. Gaussian (the paper gives none; ~ the state's scale early in a sequence)."""
+    reset_prob: float = 0.1
+    """state_passing / tbptt: per lane and step, the chance of starting from zeros instead of the carried state
+    (recurlen's choice for state_passing; the paper's TBTT has no random resets, so tbptt.yaml sets 0)."""
+    tbptt_segments: int | None = 8
+    """tbptt: segments of T tokens per long sequence; the state restarts from zeros at every step that is a
+    multiple of it (a fresh long sequence of tbptt_segments x T tokens). None: one endless sequence per lane."""
+    pass_conv: bool = False
+    """state_passing / tbptt: carry the conv window too (exact continuation) or the SSM state only (paper)."""
+    fit_batches: int = 8
+    """fitted_noise: training batches whose final states the statistics are fitted on."""
+    fit_stats: str | None = None
+    """fitted_noise: a file written by `recurlen fit-noise`; None fits automatically at the start of training."""
+    fit_refresh: str = "none"
+    """fitted_noise: none keeps the statistics fitted before training; every / ema update them from the final
+    states seen in training (all ranks), at the end of every fit_refresh_every steps: every replaces them by
+    those steps' statistics, ema blends those in (moments <- fit_ema x old + (1 - fit_ema) x new)."""
+    fit_refresh_every: int = 10
+    """fitted_noise with fit_refresh: training batches per refresh, whose final states one refresh pools (the
+    data's steps: micro-batches under gradient accumulation, so every rank refreshes at the same batch)."""
+    fit_ema: float = 0.9
+    """fitted_noise with fit_refresh=ema: the weight the old moments keep at each refresh, in [0, 1)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in INTERVENTIONS:
+            raise ValueError(f"intervention.name={self.name!r} is unknown; allowed: {list(INTERVENTIONS)}")
+        if not self.noise_std > 0:
+            raise ValueError(f"intervention.noise_std must be > 0; got {self.noise_std}")
+        if not 0.0 <= self.reset_prob <= 1.0:
+            raise ValueError(f"intervention.reset_prob must be in [0, 1]; got {self.reset_prob}")
+        if self.tbptt_segments is not None and (isinstance(self.tbptt_segments, bool)
+                                                or not isinstance(self.tbptt_segments, int) or self.tbptt_segments < 1):
+            raise ValueError(f"intervention.tbptt_segments={self.tbptt_segments!r} is not allowed; need an integer "
+                             ">= 1 (segments per long sequence) or null (one endless sequence per lane)")
+        if self.fit_batches < 1:
+            raise ValueError(f"intervention.fit_batches must be >= 1; got {self.fit_batches}")
+        if self.fit_refresh not in REFRESH_MODES:
+            raise ValueError(f"intervention.fit_refresh={self.fit_refresh!r} is unknown; "
+                             f"allowed: {list(REFRESH_MODES)}")
+        if self.fit_refresh_every < 1:
+            raise ValueError(f"intervention.fit_refresh_every must be >= 1; got {self.fit_refresh_every}")
+        if not 0.0 <= self.fit_ema < 1.0:
+            raise ValueError(f"intervention.fit_ema must be in [0, 1); got {self.fit_ema}")
+
+    @property
+    def layout(self) -> str:
+        return LAYOUT_FOR[self.name]
