@@ -33,6 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from recurlen.commands.report import FAILS_MARGIN, GENERALIZES_TOL, bins_of, in_context_loss, write_report
+from recurlen.models import registry
 from recurlen.training.experiments.compose import experiments_dir
 from recurlen.training.interventions import INTERVENTIONS
 from recurlen.training.run_dir import RunDir, checkpoint_step
@@ -66,7 +67,7 @@ class DemoEval:
 class DemoConfig:
     pipeline: str = "demo"
     """Marks experiments/demo.yaml as a pipeline (run by `recurlen demo`), not a single training run."""
-    arch: str = "mamba2"
+    arch: str = registry.DEFAULT
     """The architecture demonstrated: mamba2, mamba1 or gla (each has its demo-*-pretrain / -posttrain experiments)."""
     run_root: str | None = None
     """Where the stages' run directories, report.md and results.json go; None: runs/demo (Mamba-2) or
@@ -99,25 +100,20 @@ class DemoConfig:
         if self.arch not in with_demo:
             raise ValueError(f"demo arch={self.arch!r} has no demo; allowed: {with_demo}")
         # The Mamba-2 demo keeps its original names (its runs and done markers stay valid).
-        suffix = "" if self.arch == DEFAULT_ARCH else f"-{self.arch}"
+        suffix = "" if self.arch == registry.DEFAULT else f"-{self.arch}"
         self.run_root = self.run_root or f"runs/demo{suffix}"
         self.pretrain_experiment = self.pretrain_experiment or _demo_experiment(self.arch, "pretrain")
         self.posttrain_experiment = self.posttrain_experiment or _demo_experiment(self.arch, "posttrain")
 
 
-DEFAULT_ARCH = "mamba2"
-
-
 def _demo_experiment(arch: str, stage: str) -> str:
-    return f"demo-{stage}" if arch == DEFAULT_ARCH else f"demo-{arch}-{stage}"
+    return f"demo-{stage}" if arch == registry.DEFAULT else f"demo-{arch}-{stage}"
 
 
 def demo_architectures() -> list[str]:
     """Architectures with both demo experiments in experiments/."""
-    from recurlen.models.registry import architectures
-
     root = experiments_dir()
-    return [a for a in architectures() if all((root / f"{_demo_experiment(a, s)}.yaml").is_file()
+    return [a for a in registry.architectures() if all((root / f"{_demo_experiment(a, s)}.yaml").is_file()
                                                 for s in ("pretrain", "posttrain"))]
 
 
@@ -373,12 +369,10 @@ def _trained_steps(run_dir: Path) -> str:
 def setup_notes(cfg: DemoConfig) -> list[str]:
     """The report's Setup section: what was trained (steps as the checkpoints hold them), and how its memories
     were initialised (the fields the demo's model file changes from the preset)."""
-    from recurlen.models.registry import architectures
-
     pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
     post = _experiment_cfg(cfg, cfg.posttrain_experiment)
     model = pre.model
-    arch = architectures()[model.architecture]
+    arch = registry.get(model.architecture)
     preset = arch.preset(model.name)
     changed = {k: v for k, v in model.arch.items() if k != "chunk_size" and getattr(preset, k, None) != v}
     init = ", ".join(f"{k}={_plain(v)}" for k, v in changed.items())

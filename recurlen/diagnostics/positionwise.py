@@ -56,7 +56,9 @@ def forward_tokens_per_call(model: nn.Module, batch: int) -> int | None:
 
     CPU only: there the activations are a visible share of the process's memory, while on a GPU a whole
     chunk's are small next to the device's memory and shorter calls would only add kernel launches."""
-    width = getattr(getattr(model, "config", None), "d_model", None)
+    # The embedding's width: every architecture has one (StatefulLM.embedding), whatever its config calls it.
+    embedding = getattr(model, "embedding", None)
+    width = getattr(embedding, "embedding_dim", None)
     if not width or FORWARD_ELEMENTS <= 0 or model_device(model).type != "cpu":
         return None
     tokens = FORWARD_ELEMENTS // (batch * width)

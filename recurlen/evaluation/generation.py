@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from recurlen.models import registry
 from recurlen.models.interface import RecurrentLM
 from recurlen.models.state import LayeredState
 
@@ -49,7 +50,7 @@ class GenerateConfig:
     model: str = "tiny"
     """A model of the model table (recurlen.models.table), by its name or its size, randomly initialised (a smoke
     check); ignored with --checkpoint."""
-    architecture: str = "mamba2"
+    architecture: str = registry.DEFAULT
     """The model's architecture: mamba2, mamba1 or gla."""
     tokenizer: str | None = None
     """Tokenizer spec; None: the checkpoint's, else bytes."""
@@ -59,7 +60,7 @@ class GenerateConfig:
     """Tokens generated greedily."""
 
     def __post_init__(self) -> None:
-        from recurlen.models import registry, table
+        from recurlen.models import table
 
         a = registry.get(self.architecture)
         if table.find(self.model, architecture=a.name) is None:
@@ -71,7 +72,6 @@ class GenerateConfig:
 
 def generate_text(cfg: GenerateConfig, *, checkpoint: str | None = None) -> tuple[str, str]:
     """(the prompt and its greedy continuation, a one-line summary of what ran)."""
-    from recurlen.models import registry
     from recurlen.util.tokenizers import load_tokenizer
 
     if checkpoint:

@@ -12,7 +12,28 @@ C = TypeVar("C", bound="ModelConfig")
 
 
 class ModelConfig:
-    """A mixin for an architecture's config dataclass (fields and __post_init__ are the architecture's)."""
+    """A mixin for an architecture's config dataclass (fields and __post_init__ are the architecture's).
+
+    What recurlen asks of every config: `n_layer` and `vocab_size` (fields or properties), and the four methods
+    below that raise NotImplementedError here; `to_dict` / `from_dict` and the checks come with the mixin."""
+
+    def describe(self) -> str:
+        """One line for reports: the architecture and its shape."""
+        raise NotImplementedError(f"{type(self).__name__} must define describe()")
+
+    @staticmethod
+    def recognises(raw: dict[str, Any]) -> bool:
+        """True for an official config.json of this architecture (default: it has no official format)."""
+        return False
+
+    def to_official_json(self) -> dict[str, Any]:
+        """The official config.json of this config (what the reference library reads)."""
+        raise NotImplementedError(f"{type(self).__name__} must define to_official_json()")
+
+    @classmethod
+    def from_official_json(cls: type[C], raw: dict[str, Any], *, source: str = "config.json") -> C:
+        """A config from an official config.json; what recurlen cannot run is refused with the key named."""
+        raise NotImplementedError(f"{cls.__name__} must define from_official_json()")
 
     def check_positive_ints(self, names: Iterable[str]) -> None:
         for name in names:

@@ -10,12 +10,14 @@ import functools
 import importlib
 import json
 import pkgutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from recurlen import models
+from recurlen.models import table
 from recurlen.models.interface import Architecture
 
 DEFAULT = "mamba2"
@@ -46,15 +48,23 @@ def architectures() -> dict[str, Architecture]:
     return dict(sorted(found.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
 
 
-def register(architecture: Architecture) -> None:
-    """Add an architecture defined outside recurlen/models/ (a plug-in, or a test's toy model)."""
+def register(architecture: Architecture, models: Sequence[table.ModelRow] = ()) -> None:
+    """Add an architecture defined outside recurlen/models/ (a plug-in, or a test's toy model), with its named
+    models (rows as in recurlen.models.table: `model=NAME` then composes them like recurlen's own)."""
     if architecture.name in _folders():
         raise ValueError(f"architecture {architecture.name!r} is recurlen's own; register another name")
+    strangers = sorted({row.architecture for row in models} - {architecture.name})
+    if strangers:
+        raise ValueError(f"models registered with {architecture.name!r} must be of it; got architectures {strangers}")
+    unregister(architecture.name)
+    table.add(models)
     _registered[architecture.name] = architecture
 
 
 def unregister(name: str) -> None:
+    """Forget a registered architecture and its models."""
     _registered.pop(name, None)
+    table.remove(name)
 
 
 def get(name: str) -> Architecture:

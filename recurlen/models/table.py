@@ -11,7 +11,7 @@ A new architecture is one folder of recurlen/models/ plus one group of rows here
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -113,9 +113,27 @@ MODELS: tuple[ModelRow, ...] = (
 )
 
 
+_ADDED: list[ModelRow] = []
+"""Rows of architectures registered from outside recurlen (recurlen.models.registry.register)."""
+
+
+def add(new_rows: Sequence[ModelRow]) -> None:
+    """Name more models (a plug-in architecture's); a name may stand for one model only."""
+    taken = {row.name for row in (*MODELS, *_ADDED)}
+    clash = sorted(taken & {row.name for row in new_rows})
+    if clash:
+        raise ValueError(f"model names {clash} are taken; name the models of a new architecture '<architecture>-*'")
+    _ADDED.extend(new_rows)
+
+
+def remove(architecture: str) -> None:
+    """Forget the rows added for `architecture` (a plug-in's, when it is unregistered)."""
+    _ADDED[:] = [row for row in _ADDED if row.architecture != architecture]
+
+
 def rows(architecture: str | None = None) -> list[ModelRow]:
-    """The table's rows (of one architecture), in table order."""
-    return [row for row in MODELS if architecture is None or row.architecture == architecture]
+    """The table's rows (of one architecture), in table order, then any added ones."""
+    return [row for row in (*MODELS, *_ADDED) if architecture is None or row.architecture == architecture]
 
 
 def names(architecture: str | None = None) -> list[str]:
@@ -140,7 +158,7 @@ def official(directory: str | Path) -> ModelRow | None:
     seen = {path.name.lower()}
     if path.parent.name == "snapshots":
         seen.add(path.parent.parent.name.lower())
-    for row in MODELS:
+    for row in rows():
         if row.hub_id is not None:
             repo = row.hub_id.lower()
             if seen & {repo.split("/")[-1], "models--" + repo.replace("/", "--")}:
@@ -148,4 +166,4 @@ def official(directory: str | Path) -> ModelRow | None:
     return None
 
 
-__all__ = ["MODELS", "ModelRow", "find", "names", "official", "rows"]
+__all__ = ["MODELS", "ModelRow", "add", "find", "names", "official", "remove", "rows"]

@@ -149,12 +149,18 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
     return L.Trainer(
         max_steps=t.max_steps, accelerator=t.accelerator, devices=_devices(t.devices), num_nodes=t.num_nodes,
         strategy=t.strategy, precision=_precision(t.precision), accumulate_grad_batches=accum,
-        gradient_clip_val=cfg.optim.grad_clip or None, val_check_interval=min(every_val, t.max_steps) * accum,
+        gradient_clip_val=None if _is_fsdp(t.strategy) else cfg.optim.grad_clip or None,
+        val_check_interval=min(every_val, t.max_steps) * accum,
         check_val_every_n_epoch=None, limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.progress_bar, deterministic=t.deterministic,
         logger=RunTensorBoardLogger(save_dir=str(run.path), name=TENSORBOARD_DIR, version="", default_hp_metric=False),
         callbacks=callbacks, plugins=plugins, use_distributed_sampler=False, default_root_dir=str(run.path),
     )
+
+
+def _is_fsdp(strategy: str) -> bool:
+    """FSDP clips its gradients itself (RecurlenModule.configure_gradient_clipping)."""
+    return str(strategy).startswith("fsdp")
 
 
 def check_devices(t) -> None:

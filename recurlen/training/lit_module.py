@@ -171,6 +171,15 @@ class RecurlenModule(L.LightningModule):
         opt, sched = build_optimizer(self.model, self.optim_cfg, total_steps=self.total_steps)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        # Lightning's FSDP precision plugin refuses norm clipping, so under FSDP the Trainer is given no clip value
+        # (finetune.build_trainer) and the wrapped module clips: its clip_grad_norm_ takes the norm over all shards.
+        wrapped = getattr(self.trainer.strategy, "model", None)
+        if self.optim_cfg.grad_clip and gradient_clip_val is None and hasattr(wrapped, "clip_grad_norm_"):
+            wrapped.clip_grad_norm_(self.optim_cfg.grad_clip)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Every rank runs this (the intervention gathers its lanes from all ranks); rank 0 writes the file.

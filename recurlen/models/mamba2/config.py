@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recurlen.models import table
 from recurlen.models.mixer_model import MixerModelConfig, mixer_model_json, read_mixer_model_json
 
 
@@ -97,8 +96,4 @@ class Mamba2Config(MixerModelConfig):
                                            ignored_ssm=ignored, refused_ssm=refused))
 
 
-# A view kept for callers that still read Mamba-2's shapes here (tests/test_checkpoint.py); the shapes are written
-# in the model table, recurlen.models.table.
-PRESETS: dict[str, dict[str, Any]] = {row.size: dict(row.shape) for row in table.rows("mamba2")}
-
-__all__ = ["Mamba2Config", "PRESETS"]
+__all__ = ["Mamba2Config"]

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from recurlen import Mamba2LM, RecurrentState, preset
+from recurlen import Mamba2LM, RecurrentState
+from recurlen.models import registry
 from recurlen.models.mamba2.kernels import kernels_available
 
 pytestmark = [
@@ -12,13 +13,22 @@ pytestmark = [
 ]
 
 
-def _model(ngroups=1):
-    torch.manual_seed(0)
-    model = Mamba2LM(preset("small", ngroups=ngroups, chunk_size=64)).cuda()
-    with torch.no_grad():
-        for block in model.backbone.layers:
-            block.mixer.A_log.uniform_(-3.0, 1.0)
-    return model
+SMALL = registry.get("mamba2").presets["small"]
+"""The small Mamba-2's fields: given to the shared nano factory, they override every field of the nano shape."""
+
+
+@pytest.fixture
+def make_model(nano_model):
+    """`make_model(ngroups=1)`: the small Mamba-2 on the GPU, chunks of 64, A drawn away from its init."""
+
+    def build(ngroups: int = 1) -> Mamba2LM:
+        model = nano_model("mamba2", **{**SMALL, "ngroups": ngroups, "chunk_size": 64}).cuda()
+        with torch.no_grad():
+            for block in model.backbone.layers:
+                block.mixer.A_log.uniform_(-3.0, 1.0)
+        return model
+
+    return build
 
 
 def _random_state(model, batch):
@@ -29,8 +39,8 @@ def _random_state(model, batch):
 
 
 @pytest.mark.parametrize("ngroups", [1, 2])
-def test_forward_and_final_state_match(ngroups):
-    model = _model(ngroups)
+def test_forward_and_final_state_match(make_model, ngroups):
+    model = make_model(ngroups)
     ids = torch.randint(0, 257, (2, 300), device="cuda")
     init = _random_state(model, 2)
     with torch.no_grad():
@@ -38,11 +48,14 @@ def test_forward_and_final_state_match(ngroups):
         k_logits, k_state = model(ids, init, backend="kernel")
     torch.testing.assert_close(k_logits, ref_logits, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(k_state.ssm, ref_state.ssm, rtol=2e-3, atol=2e-3)
-    torch.testing.assert_close(k_state.conv, ref_state.conv, rtol=1e-5, atol=1e-5)
+    # Layer 0's window holds in_proj outputs of the embeddings, the same computation on both paths; deeper layers'
+    # windows hold inputs that passed earlier layers' scans, so they differ as those layers' outputs do.
+    torch.testing.assert_close(k_state.conv[0], ref_state.conv[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_state.conv, ref_state.conv, rtol=2e-3, atol=2e-3)
 
 
-def test_backward_and_initial_state_gradients_match():
-    model = _model()
+def test_backward_and_initial_state_gradients_match(make_model):
+    model = make_model()
     ids = torch.randint(0, 257, (2, 200), device="cuda")
     grads = {}
     for backend in ("torch", "kernel"):
@@ -59,8 +72,8 @@ def test_backward_and_initial_state_gradients_match():
         torch.testing.assert_close(got, ref, rtol=5e-3, atol=5e-4)
 
 
-def test_kernel_split_invariance():
-    model = _model()
+def test_kernel_split_invariance(make_model):
+    model = make_model()
     ids = torch.randint(0, 257, (2, 257), device="cuda")
     with torch.no_grad():
         full, full_state = model(ids, backend="kernel")
@@ -71,8 +84,8 @@ def test_kernel_split_invariance():
     torch.testing.assert_close(s.ssm, full_state.ssm, rtol=2e-3, atol=2e-3)
 
 
-def test_bf16_autocast_kernel_close_to_fp32_torch():
-    model = _model()
+def test_bf16_autocast_kernel_close_to_fp32_torch(make_model):
+    model = make_model()
     ids = torch.randint(0, 257, (2, 512), device="cuda")
     with torch.no_grad():
         ref, _ = model(ids, backend="torch")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from recurlen.training.experiments.compose import load_experiment, resolved_config
+from recurlen.training.experiments.compose import resolved_config
 from recurlen.training.fault_injection import InjectNonFinite
 from recurlen.training.finetune import build_model, build_trainer, check_devices, run_finetune
 from recurlen.training.resume import (
@@ -27,28 +27,17 @@ from recurlen.training.run_dir import RUN_META_KEY, RunDir
 from recurlen.util.errors import NonFinite, UserError
 from recurlen.util.faults import FAULT_ENV
 
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("corpus-cache"))
-
-
-def experiment(run_dir, cache_dir, *overrides):
-    base = ["model=nano", "intervention=state_passing", "data.seq_len=16", "data.batch_size=2",
-            "data.val_length=64", "data.val_sequences=2", "data.val_segments=4", f"data.cache_dir={cache_dir}",
-            "data.max_documents=40", "data.val_fraction=0.2", "trainer.max_steps=4", "trainer.val_every_n_steps=0",
-            "trainer.limit_val_batches=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
-            "trainer.devices=1", "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=2",
-            "optim.warmup_steps=0", "optim.schedule=constant", "optim.lr=1e-3", "diagnostics.positionwise=false",
-            "diagnostics.state_norm=false", f"run_dir={run_dir}"]
-    return load_experiment(base + list(overrides))[0]
+RUN = ("intervention=state_passing", "data.batch_size=2", "data.val_segments=4", "data.max_documents=40",
+       "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=2", "optim.warmup_steps=0", "optim.schedule=constant")
+"""This module's run, on top of conftest's tiny one: 4 steps of state passing, a checkpoint every 2, a constant rate
+(stopping at step 2 does not change the rates of the steps before)."""
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, cache_dir):
+def trained(tmp_path_factory, experiment):
     """A finished 4-step run: step=000002.ckpt, step=000004.ckpt and last.ckpt (step 4)."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    run_finetune(experiment(out, cache_dir))
+    run_finetune(experiment(out, *RUN))
     return out
 
 
@@ -133,8 +122,8 @@ def test_foreign_and_non_finite_checkpoints_are_not_resumed_from(run_copy):
         validate_checkpoint(path)
 
 
-def test_a_damaged_last_ckpt_is_moved_aside_and_the_newest_intact_one_used(run_copy, cache_dir, caplog):
-    cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6")
+def test_a_damaged_last_ckpt_is_moved_aside_and_the_newest_intact_one_used(run_copy, experiment, caplog):
+    cfg = experiment(run_copy, *RUN, "trainer.max_steps=6")
     run = RunDir(run_copy)
     _damage(run.last_checkpoint, "bit-flip")
     with caplog.at_level(logging.WARNING, logger="recurlen.training.resume"):
@@ -150,8 +139,8 @@ def test_a_damaged_last_ckpt_is_moved_aside_and_the_newest_intact_one_used(run_c
     assert decision.step == 2 and (run.checkpoints / "step=000004.ckpt").is_file()
 
 
-def test_no_intact_checkpoint_is_one_clear_error_and_stays_one(run_copy, cache_dir):
-    cfg = experiment(run_copy, cache_dir)
+def test_no_intact_checkpoint_is_one_clear_error_and_stays_one(run_copy, experiment):
+    cfg = experiment(run_copy, *RUN)
     run = RunDir(run_copy)
     for path in run.checkpoint_candidates():
         _damage(path, "truncated")
@@ -162,8 +151,8 @@ def test_no_intact_checkpoint_is_one_clear_error_and_stays_one(run_copy, cache_d
         "last.ckpt.damaged", "step=000002.ckpt.damaged", "step=000004.ckpt.damaged"]
 
 
-def test_an_explicit_damaged_checkpoint_is_an_error_not_moved(run_copy, cache_dir):
-    cfg = experiment(run_copy, cache_dir)
+def test_an_explicit_damaged_checkpoint_is_an_error_not_moved(run_copy, experiment):
+    cfg = experiment(run_copy, *RUN)
     path = run_copy / "checkpoints" / "step=000002.ckpt"
     _damage(path, "empty")
     with pytest.raises(UserError, match=r"resume=.*step=000002.ckpt is empty"):
@@ -184,8 +173,8 @@ def test_move_aside_never_overwrites(tmp_path):
 
 @pytest.mark.parametrize("override", ["data.batch_size=4", "intervention=fitted_noise", "intervention.reset_prob=0.5",
                                       "data.seq_len=32", "seed=1"])
-def test_a_changed_fixed_setting_is_refused_naming_it(run_copy, cache_dir, override):
-    cfg = experiment(run_copy, cache_dir, override)
+def test_a_changed_fixed_setting_is_refused_naming_it(run_copy, experiment, override):
+    cfg = experiment(run_copy, *RUN, override)
     before = (run_copy / "config.yaml").read_text()
     with pytest.raises(UserError, match=r"fixed settings differ .*" + override.split("=")[0].split(".")[0]
                        + r".* -> .*another run_dir or add resume=archive"):
@@ -193,16 +182,16 @@ def test_a_changed_fixed_setting_is_refused_naming_it(run_copy, cache_dir, overr
     assert (run_copy / "config.yaml").read_text() == before
 
 
-def test_another_model_is_refused_by_the_model_check(run_copy, cache_dir):
-    cfg = experiment(run_copy, cache_dir, "model=tiny")
+def test_another_model_is_refused_by_the_model_check(run_copy, experiment):
+    cfg = experiment(run_copy, *RUN, "model=tiny")
     with pytest.raises(UserError, match=r"holds another model \(d_model 64 -> 128.*another run_dir"):
         decide(RunDir(run_copy), "auto", resolved_config(cfg), model_of(cfg), max_steps=4)
 
 
-def test_changed_settings_are_applied_logged_and_recorded(run_copy, cache_dir, caplog):
+def test_changed_settings_are_applied_logged_and_recorded(run_copy, experiment, caplog):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6", "optim.lr=5e-4")
+    cfg = experiment(run_copy, *RUN, "trainer.max_steps=6", "optim.lr=5e-4")
     with caplog.at_level(logging.INFO, logger="recurlen.training.resume"):
         run_finetune(cfg)
     notice = [r.getMessage() for r in caplog.records if "changed settings" in r.getMessage()]
@@ -219,23 +208,23 @@ def test_changed_settings_are_applied_logged_and_recorded(run_copy, cache_dir, c
         "optim.lr": {"from": 1e-3, "to": 5e-4}, "trainer.max_steps": {"from": 4, "to": 6}}
 
 
-def test_a_finished_run_trains_nothing_and_records_nothing(run_copy, cache_dir, caplog):
+def test_a_finished_run_trains_nothing_and_records_nothing(run_copy, experiment, caplog):
     before = (run_copy / "config.yaml").read_text(), (run_copy / "checkpoints" / "last.ckpt").read_bytes()
     with caplog.at_level(logging.INFO, logger="recurlen.training.resume"):
-        run_finetune(experiment(run_copy, cache_dir, "optim.lr=3e-3"))
+        run_finetune(experiment(run_copy, *RUN, "optim.lr=3e-3"))
     assert any("nothing to train (changed settings not applied: optim.lr 0.001 -> 0.003)" in r.getMessage()
                for r in caplog.records)
     assert ((run_copy / "config.yaml").read_text(), (run_copy / "checkpoints" / "last.ckpt").read_bytes()) == before
 
 
-def test_resume_never_refuses_a_used_run_dir_and_archive_moves_it(run_copy, cache_dir):
+def test_resume_never_refuses_a_used_run_dir_and_archive_moves_it(run_copy, experiment):
     run = RunDir(run_copy)
     (run_copy / "notes.txt").write_text("mine")
-    cfg = experiment(run_copy, cache_dir, "resume=never")
+    cfg = experiment(run_copy, *RUN, "resume=never")
     with pytest.raises(UserError, match=r"resume=never but .* already holds a run \(config.yaml, .*checkpoints.*"
                                         r"resume=archive"):
         decide(run, "never", resolved_config(cfg), model_of(cfg), max_steps=4)
-    cfg = experiment(run_copy, cache_dir, "resume=archive", "data.batch_size=4")  # a new run may change anything
+    cfg = experiment(run_copy, *RUN, "resume=archive", "data.batch_size=4")  # a new run may change anything
     decision = decide(run, "archive", resolved_config(cfg), model_of(cfg), max_steps=4)
     assert decision.checkpoint is None and decision.archived_to
     archived = sorted(p.name for p in (run.archive).iterdir())
@@ -256,23 +245,23 @@ def test_resume_never_refuses_a_used_run_dir_and_archive_moves_it(run_copy, cach
     ("grad", r"non-finite gradient of backbone.layers.0.\S+ \(layer 0\) at global step 3"),
     ("state", r"non-finite carried state \(ssm of layer 0\) at global step 3"),
     ("loss", r"non-finite training loss \(nan\) at global step 3")])
-def test_nan_stops_before_it_is_saved_and_the_advice_works(tmp_path, cache_dir, monkeypatch, what, message):
+def test_nan_stops_before_it_is_saved_and_the_advice_works(tmp_path, experiment, monkeypatch, what, message):
     run = RunDir(tmp_path / "run")
     monkeypatch.setenv(FAULT_ENV, f"point=step,step=3,action=nan,what={what}")
     with pytest.raises(NonFinite, match=message + f".*newest finite checkpoint is {run.last_checkpoint} "
                                                   r"\(step 2\).*optim.lr=0.00025"):
-        run_finetune(experiment(run.path, cache_dir, "trainer.max_steps=6"))
+        run_finetune(experiment(run.path, *RUN, "trainer.max_steps=6"))
     assert sorted(p.name for p in run.checkpoints.iterdir()) == ["last.ckpt", "step=000002.ckpt"]
     assert torch.load(run.last_checkpoint, weights_only=True)["global_step"] == 2
     monkeypatch.delenv(FAULT_ENV)
-    run_finetune(experiment(run.path, cache_dir, "trainer.max_steps=6", "optim.lr=2.5e-4"))  # the advice
+    run_finetune(experiment(run.path, *RUN, "trainer.max_steps=6", "optim.lr=2.5e-4"))  # the advice
     ckpt = torch.load(run.last_checkpoint, weights_only=True)
     assert ckpt["global_step"] == 6 and all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
     assert OmegaConf.load(run.config_file).optim.lr == 2.5e-4
 
 
-def test_the_fault_hooks_are_there_only_when_a_fault_is_asked_for(tmp_path, cache_dir, monkeypatch):
-    cfg = experiment(tmp_path / "run", cache_dir)
+def test_the_fault_hooks_are_there_only_when_a_fault_is_asked_for(tmp_path, experiment, monkeypatch):
+    cfg = experiment(tmp_path / "run", *RUN)
     monkeypatch.delenv(FAULT_ENV, raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
 
@@ -290,21 +279,21 @@ def test_the_fault_hooks_are_there_only_when_a_fault_is_asked_for(tmp_path, cach
     assert (fault.step, fault.what) == (7, "grad")
 
 
-def test_non_finite_weights_are_never_written(tmp_path, cache_dir, monkeypatch):
+def test_non_finite_weights_are_never_written(tmp_path, experiment, monkeypatch):
     """A weight that goes non-finite after an update (here: made so) stops the checkpoint that would hold it."""
     run = RunDir(tmp_path / "run")
     monkeypatch.setenv(FAULT_ENV, "point=step,step=1,action=nan,what=weight")
     with pytest.raises(NonFinite, match=r"non-finite weights in backbone.embedding.weight .*refused to write"):
-        run_finetune(experiment(run.path, cache_dir))
+        run_finetune(experiment(run.path, *RUN))
     assert not run.checkpoints.exists() or not list(run.checkpoints.glob("*.ckpt"))
 
 
-def test_fitted_noise_file_of_another_model_or_damaged_is_one_line(tmp_path, cache_dir):
+def test_fitted_noise_file_of_another_model_or_damaged_is_one_line(tmp_path, experiment):
     from recurlen.training.interventions import FittedNoiseStats
 
     bad = tmp_path / "noise.pt"
     FittedNoiseStats(torch.zeros(3, 8), torch.ones(3, 8)).save(str(bad))
-    cfg = experiment(tmp_path / "run", cache_dir, "intervention=fitted_noise", f"intervention.fit_stats={bad}")
+    cfg = experiment(tmp_path / "run", *RUN, "intervention=fitted_noise", f"intervention.fit_stats={bad}")
     with pytest.raises(UserError, match=rf"intervention.fit_stats={bad}: fitted-noise mean has shape \(3, 8\); this "
                                         r"model needs \(2, 8\).*recurlen fit-noise"):
         run_finetune(cfg)
@@ -335,9 +324,9 @@ def test_a_checkpoint_written_now_has_every_key_validation_asks_for(trained):
     assert ckpt[RUN_META_KEY]["intervention"] == "state_passing"
 
 
-def test_a_copied_run_resumes_from_its_furthest_checkpoint_whatever_the_file_times(run_copy, cache_dir):
+def test_a_copied_run_resumes_from_its_furthest_checkpoint_whatever_the_file_times(run_copy, experiment):
     """cp -r / a restore gives every file the copy's time; the step each holds decides."""
-    cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6")
+    cfg = experiment(run_copy, *RUN, "trainer.max_steps=6")
     run = RunDir(run_copy)
     now = time.time()
     for i, name in enumerate(["last.ckpt", "step=000004.ckpt", "step=000002.ckpt"]):  # the oldest looks newest
@@ -346,9 +335,9 @@ def test_a_copied_run_resumes_from_its_furthest_checkpoint_whatever_the_file_tim
     assert decision.step == 4 and Path(decision.checkpoint).name in ("last.ckpt", "step=000004.ckpt")
 
 
-def test_a_roll_back_archives_the_later_checkpoints_so_the_next_resume_stays_on_the_new_line(run_copy, cache_dir,
+def test_a_roll_back_archives_the_later_checkpoints_so_the_next_resume_stays_on_the_new_line(run_copy, experiment,
                                                                                            caplog):
-    cfg = experiment(run_copy, cache_dir, "trainer.max_steps=6")
+    cfg = experiment(run_copy, *RUN, "trainer.max_steps=6")
     run = RunDir(run_copy)
     older = run.checkpoints / "step=000002.ckpt"
     with caplog.at_level(logging.INFO, logger="recurlen.training.resume"):

@@ -3,7 +3,7 @@ or scan takes another shape): split invariance, the state type's operations, ste
 initial state, generation, official-format checkpoints, exact resume of a post-training run.
 
 The tests take two fixtures, `make_lm` (a fresh small model) and `run_config` (a tiny post-training run of it);
-tests/test_toy_architecture.py runs the same tests on an architecture defined in that file alone.
+tests/models/test_toy_architecture.py runs the same tests on an architecture defined in that file alone.
 """
 
 import json
@@ -159,6 +159,7 @@ def test_state_type_operations_round_trip(make_lm):
         _, state = model(ids, random_state(model, 4, seed=2))
     cls = type(state)
     zero = model.zero_state(4)
+    assert cls is registry.of_model(model).state_cls
     assert type(zero) is cls and state.n_layer == zero.n_layer and state.batch_size == 4
     assert all(t.abs().sum() == 0 for t in zero.parts().values())
     assert set(cls.RECURRENT) | set(cls.WINDOW) == set(cls.part_names()) and cls.RECURRENT
@@ -236,10 +237,10 @@ def test_bad_inputs_are_refused_naming_the_problem(make_lm, monkeypatch):
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-def test_official_format_round_trip_through_the_registry(make_lm, tmp_path):
+def test_official_format_round_trip_through_the_registry(case, make_lm, tmp_path):
     model = make_lm(seed=1)
     a = registry.of_model(model)
-    assert registry.of_config(model.config) is a and isinstance(model, a.model_cls)
+    assert a.name == case[0] and registry.of_config(model.config) is a and isinstance(model, a.model_cls)
     model.save_pretrained(str(tmp_path / "out"))
     assert registry.detect(tmp_path / "out") is a
     again = a.load_pretrained(tmp_path / "out", backend="torch")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from recurlen import Mamba2LM, preset
-from recurlen.models.mamba2.config import PRESETS, Mamba2Config
+from recurlen.models import registry
+from recurlen.models.mamba2.config import Mamba2Config
 from recurlen.training.run_dir import load_model
 from recurlen.util.errors import UserError
 from recurlen.util.tokenizers import ByteTokenizer, HFTokenizer, check_vocab_fits, load_tokenizer
@@ -61,7 +62,8 @@ def test_parameter_names_match_official_layout():
 
 
 def test_official_presets_have_official_shapes():
-    assert {k: (v["d_model"], v["n_layer"]) for k, v in PRESETS.items() if v.get("vocab_size") == 50277} == {
+    assert {k: (v["d_model"], v["n_layer"]) for k, v in registry.get("mamba2").presets.items()
+            if v.get("vocab_size") == 50277} == {
         "130m": (768, 24), "370m": (1024, 48), "780m": (1536, 48), "1.3b": (2048, 48), "2.7b": (2560, 64)}
 
 

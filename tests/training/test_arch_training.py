@@ -1,11 +1,10 @@
 """Post-training works the same for every architecture: each intervention, fitted noise per the state's
-groups, carried states in checkpoints, exact resume, and run loading."""
+groups, carried states in checkpoints, and run loading (exact resume: tests/models/test_architectures.py)."""
 
 import pytest
 import torch
 
 from recurlen.models import registry
-from recurlen.training.experiments.compose import load_experiment
 from recurlen.training.finetune import run_finetune
 from recurlen.training.interventions import (
     INTERVENTIONS,
@@ -18,26 +17,10 @@ from recurlen.training.run_dir import RUN_META_KEY, load_model
 ARCHS = ["mamba1", "gla"]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("corpus-cache"))
-
-
-def experiment(run_dir, cache_dir, name, *overrides):
-    base = [f"model={registry.get(name).prefix}nano", "data.seq_len=16", "data.batch_size=4", "data.val_length=64",
-            "data.val_sequences=2", "data.val_segments=8", f"data.cache_dir={cache_dir}", "data.max_documents=60",
-            "data.val_fraction=0.2", "trainer.max_steps=2", "trainer.val_every_n_steps=0",
-            "trainer.limit_val_batches=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
-            "trainer.devices=1", "trainer.log_every_n_steps=1", "optim.warmup_steps=1", "optim.lr=1e-3",
-            "intervention.fit_batches=2", "diagnostics.positionwise=false", "diagnostics.state_norm=false",
-            f"run_dir={run_dir}"]
-    return load_experiment(base + list(overrides))
-
-
 @pytest.mark.parametrize("intervention", INTERVENTIONS)
 @pytest.mark.parametrize("name", ARCHS)
-def test_each_intervention_trains_each_architecture(tmp_path, cache_dir, name, intervention):
-    cfg, resolved = experiment(tmp_path / "run", cache_dir, name, f"intervention={intervention}")
+def test_each_intervention_trains_each_architecture(tmp_path, experiment, name, intervention):
+    cfg = experiment(tmp_path / "run", f"intervention={intervention}", arch=name)
     run_dir = run_finetune(cfg)
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     meta = ckpt[RUN_META_KEY]
@@ -82,31 +65,6 @@ def test_noise_is_drawn_on_the_recurrent_part_with_fitted_groups(name):
         assert getattr(state, window).abs().sum() == 0  # noise never touches the conv windows
     with pytest.raises(ValueError, match="fitted-noise mean has shape"):
         FittedNoiseStats(mean_KH=torch.zeros(k, groups + 1), std_KH=torch.zeros(k, groups + 1)).check_state(zeros)
-
-
-@pytest.mark.parametrize("name", ARCHS)
-def test_resume_is_exact_with_carried_states(tmp_path, cache_dir, name):
-    # 4 steps in one go against 2 steps, then a resumed run to 4: same weights, same carried states
-    # (a constant schedule, so that stopping at 2 does not change the first steps' learning rates).
-    extra = ["intervention=state_passing", "intervention.pass_conv=true", "trainer.checkpoint_every_n_steps=2",
-             "optim.schedule=constant"]
-    if name == "gla":
-        extra.append("model.arch.use_short_conv=true")
-    straight, resolved = experiment(tmp_path / "a", cache_dir, name, "trainer.max_steps=4", *extra)
-    run_finetune(straight)
-    first, resolved = experiment(tmp_path / "b", cache_dir, name, "trainer.max_steps=2", *extra)
-    run_finetune(first)
-    again, resolved = experiment(tmp_path / "b", cache_dir, name, "trainer.max_steps=4", *extra)
-    run_finetune(again)
-    a = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=True)
-    b = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert a["global_step"] == b["global_step"] == 4
-    for key, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][key]), key
-    ca, cb = a[RUN_META_KEY]["intervention_state"]["carried"], b[RUN_META_KEY]["intervention_state"]["carried"]
-    assert torch.equal(ca["lanes"], cb["lanes"])
-    for part, value in ca["state"].items():
-        assert torch.equal(value, cb["state"][part]), part
 
 
 @pytest.mark.parametrize("name", ARCHS)

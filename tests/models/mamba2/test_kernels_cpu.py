@@ -3,7 +3,7 @@
 The kernel backend here is recurlen's own code, the functions a GPU run calls (recurlen/models/mamba2/kernels.py and the
 mixer's kernel branch), calling mamba-ssm's `mamba_chunk_scan_combined` and `rmsnorm_fn` under Triton's
 interpreter (the `triton_interpreter` fixture in conftest.py). The conv takes the PyTorch path, as on a GPU
-without causal-conv1d; tests/test_kernel_glue.py checks causal-conv1d's calling convention.
+without causal-conv1d; tests/models/mamba2/test_kernel_glue.py checks causal-conv1d's calling convention.
 
 Shapes are tiny (the interpreter runs every kernel program in numpy): d_model 32, 4 heads of 16, d_state 16,
 chunks of 16, lengths that are not a multiple of the chunk.
@@ -13,7 +13,7 @@ import lightning as L
 import pytest
 import torch
 
-from recurlen import Mamba2LM, RecurrentState, preset
+from recurlen import Mamba2LM, RecurrentState
 from recurlen.training.interventions import INTERVENTIONS
 from recurlen.training.lit_module import token_loss
 
@@ -22,17 +22,22 @@ pytestmark = [pytest.mark.kernels, pytest.mark.usefixtures("triton_interpreter")
 LENGTH = 37  # 3 chunks of 16, the last one partial
 
 
-def make_model(ngroups: int = 1, n_layer: int = 2) -> Mamba2LM:
-    torch.manual_seed(0)
-    model = Mamba2LM(preset("nano", d_model=32, n_layer=n_layer, ngroups=ngroups, chunk_size=16))
-    with torch.no_grad():  # away from the init's symmetric values, so a swapped or dropped term shows
-        for block in model.backbone.layers:
-            mixer = block.mixer
-            mixer.A_log.uniform_(-3.0, 1.0)
-            mixer.D.uniform_(0.5, 1.5)
-            mixer.norm.weight.uniform_(0.5, 1.5)
-            mixer.conv1d.bias.normal_(0.0, 0.2)
-    return model
+@pytest.fixture
+def make_model(nano_model):
+    """`make_model(ngroups=1, n_layer=2)`: the nano Mamba-2 at d_model 32 with chunks of 16."""
+
+    def build(ngroups: int = 1, n_layer: int = 2) -> Mamba2LM:
+        model = nano_model("mamba2", d_model=32, n_layer=n_layer, ngroups=ngroups, chunk_size=16)
+        with torch.no_grad():  # away from the init's symmetric values, so a swapped or dropped term shows
+            for block in model.backbone.layers:
+                mixer = block.mixer
+                mixer.A_log.uniform_(-3.0, 1.0)
+                mixer.D.uniform_(0.5, 1.5)
+                mixer.norm.weight.uniform_(0.5, 1.5)
+                mixer.conv1d.bias.normal_(0.0, 0.2)
+        return model
+
+    return build
 
 
 def noise_state(model: Mamba2LM, batch: int, *, conv: bool = True, seed: int = 1) -> RecurrentState:
@@ -40,13 +45,6 @@ def noise_state(model: Mamba2LM, batch: int, *, conv: bool = True, seed: int = 1
     zero = model.zero_state(batch)
     ssm = torch.randn(zero.ssm.shape, generator=g)
     return RecurrentState(ssm, torch.randn(zero.conv.shape, generator=g) * 0.5 if conv else zero.conv)
-
-
-def close(got: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:
-    """Max abs difference within tol x the reference's largest magnitude."""
-    scale = float(ref.abs().max().clamp_min(1e-6))
-    err = float((got.float() - ref.float()).abs().max())
-    assert err <= tol * scale, f"{what}: max |kernel - torch| = {err:.3g}, > {tol:g} x {scale:.3g}"
 
 
 def forward_backward(model: Mamba2LM, ids: torch.Tensor, init: RecurrentState, backend: str):
@@ -63,24 +61,24 @@ def forward_backward(model: Mamba2LM, ids: torch.Tensor, init: RecurrentState, b
 
 
 @pytest.mark.parametrize("ngroups", [1, 2])
-def test_logits_states_and_every_gradient_match(ngroups):
+def test_logits_states_and_every_gradient_match(make_model, close_scaled, ngroups):
     model = make_model(ngroups)
     ids = torch.randint(0, 257, (2, LENGTH), generator=torch.Generator().manual_seed(2))
     init = noise_state(model, 2)
     ref_logits, ref_final, ref_grads = forward_backward(model, ids, init, "torch")
     logits, final, grads = forward_backward(model, ids, init, "kernel")
-    close(logits, ref_logits, 1e-5, "logits")
+    close_scaled(logits, ref_logits, 1e-5, "logits")
     assert final.ssm.dtype == torch.float32 and final.conv.dtype == torch.float32
-    close(final.ssm, ref_final.ssm, 1e-5, "final SSM state")
-    close(final.conv, ref_final.conv, 1e-5, "final conv state")
+    close_scaled(final.ssm, ref_final.ssm, 1e-5, "final SSM state")
+    close_scaled(final.conv, ref_final.conv, 1e-5, "final conv state")
     assert set(grads) == set(ref_grads)
     missing = sorted(name for name, g in grads.items() if g is None)
     assert not missing, f"no gradient for {missing}"
     for name, ref in ref_grads.items():
-        close(grads[name], ref, 1e-5, f"gradient of {name}")
+        close_scaled(grads[name], ref, 1e-5, f"gradient of {name}")
 
 
-def test_split_with_carried_state_equals_one_call(split_equals_one_call):
+def test_split_with_carried_state_equals_one_call(make_model, split_equals_one_call):
     model = make_model(ngroups=2)
     ids = torch.randint(0, 257, (2, LENGTH), generator=torch.Generator().manual_seed(3))
     # cuts inside a chunk, a one-token call, and a remainder that is not a multiple of the chunk
@@ -95,7 +93,7 @@ def _carried(model: Mamba2LM, ids: torch.Tensor) -> RecurrentState:
 
 
 @pytest.mark.parametrize("kind", ["zeros", "carried", "carried_ssm_only"])
-def test_initial_state_of_each_intervention(kind):
+def test_initial_state_of_each_intervention(make_model, close_scaled, kind):
     """none: zeros; state_passing (paper): the carried SSM state with a zero conv window; tbptt: both.
     (random / fitted noise, a noise SSM state, is the gradient test's initial state.)"""
     model = make_model()
@@ -109,9 +107,9 @@ def test_initial_state_of_each_intervention(kind):
     with torch.no_grad():
         ref_logits, ref_final = model(ids, init, backend="torch")
         logits, final = model(ids, init, backend="kernel")
-    close(logits, ref_logits, 1e-5, f"logits from {kind}")
-    close(final.ssm, ref_final.ssm, 1e-5, f"final SSM state from {kind}")
-    close(final.conv, ref_final.conv, 1e-5, f"final conv state from {kind}")
+    close_scaled(logits, ref_logits, 1e-5, f"logits from {kind}")
+    close_scaled(final.ssm, ref_final.ssm, 1e-5, f"final SSM state from {kind}")
+    close_scaled(final.conv, ref_final.conv, 1e-5, f"final conv state from {kind}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -129,11 +127,6 @@ class StepRecorder(L.Callback):
         carried = getattr(pl_module.intervention, "carried", None)  # state passing / TBTT keep it
         if carried is not None:
             self.carried_dtypes.append((carried.ssm.dtype, carried.conv.dtype))
-
-
-@pytest.fixture(scope="module")
-def corpus_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("corpus-cache"))
 
 
 def finetune(run_dir, cache_dir, monkeypatch, *, backend: str, intervention: str, precision: str = "32-true"):
@@ -155,18 +148,18 @@ def finetune(run_dir, cache_dir, monkeypatch, *, backend: str, intervention: str
 
 
 @pytest.mark.parametrize("intervention", INTERVENTIONS)
-def test_two_training_steps_per_intervention_match(tmp_path, corpus_cache, monkeypatch, intervention):
-    ref = finetune(tmp_path / "torch", corpus_cache, monkeypatch, backend="torch", intervention=intervention)
-    got = finetune(tmp_path / "kernel", corpus_cache, monkeypatch, backend="kernel", intervention=intervention)
+def test_two_training_steps_per_intervention_match(tmp_path, cache_dir, monkeypatch, intervention):
+    ref = finetune(tmp_path / "torch", cache_dir, monkeypatch, backend="torch", intervention=intervention)
+    got = finetune(tmp_path / "kernel", cache_dir, monkeypatch, backend="kernel", intervention=intervention)
     assert len(ref.losses) == len(got.losses) == 2
     # step 1: the same parameters and initial states; step 2: after one AdamW step on each backend's gradients
     torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(ref.losses), rtol=1e-5, atol=0.0)
 
 
-def test_bf16_mixed_carried_state_stays_float32(tmp_path, corpus_cache, monkeypatch):
+def test_bf16_mixed_carried_state_stays_float32(tmp_path, cache_dir, monkeypatch):
     """Under bf16 autocast the kernel keeps its chunk-boundary states in C's dtype (bf16); the state carried to
     the next step must still be float32 (it accumulates over arbitrarily many steps), on both backends."""
-    runs = {backend: finetune(tmp_path / backend, corpus_cache, monkeypatch, backend=backend, intervention="tbptt",
+    runs = {backend: finetune(tmp_path / backend, cache_dir, monkeypatch, backend=backend, intervention="tbptt",
                               precision="bf16-mixed") for backend in ("torch", "kernel")}
     for backend, rec in runs.items():
         assert rec.carried_dtypes == [(torch.float32, torch.float32)] * 2, backend

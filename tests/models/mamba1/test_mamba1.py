@@ -1,6 +1,6 @@
 """Mamba-1: the chunked scan against an independent float64 recurrence, its state layout, transformers'
 MambaForCausalLM on the same weights, and official-format checkpoints (the contract every architecture shares is
-tests/test_architectures.py)."""
+tests/models/test_architectures.py)."""
 
 import json
 

@@ -9,7 +9,6 @@ import torch
 
 from recurlen.models.mamba2.state import RecurrentState
 from recurlen.training.data.datamodule import RecurlenDataModule
-from recurlen.training.experiments.compose import load_experiment
 from recurlen.training.finetune import run_finetune
 from recurlen.training.interventions import (
     INTERVENTIONS,
@@ -24,20 +23,10 @@ from recurlen.training.run_dir import RUN_META_KEY, load_model
 from recurlen.training.stateful import Stateful
 from recurlen.util.errors import NonFinite
 
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("corpus-cache"))
-
-
-def experiment(run_dir, cache_dir, *overrides):
-    base = ["model=nano", "data.seq_len=16", "data.batch_size=4", "data.val_length=64", "data.val_sequences=2",
-            "data.val_segments=8", f"data.cache_dir={cache_dir}", "data.max_documents=60", "data.val_fraction=0.2",
-            "trainer.max_steps=4", "trainer.val_every_n_steps=2", "trainer.limit_val_batches=2",
-            "trainer.progress_bar=false", "trainer.accelerator=cpu", "trainer.devices=1",
-            "trainer.log_every_n_steps=1", "optim.warmup_steps=1", "optim.lr=1e-3",
-            "diagnostics.positionwise=false", "diagnostics.state_norm=false", f"run_dir={run_dir}"]
-    return load_experiment(base + list(overrides))
+RUN = ("trainer.max_steps=4", "trainer.val_every_n_steps=2", "trainer.limit_val_batches=2",
+       "intervention.fit_batches=8")
+"""This module's run, on top of conftest's tiny one: 4 steps, validation every 2 on 2 batches, fitted noise fitted
+on 8 batches (the intervention's default)."""
 
 
 class Recorder(L.Callback):
@@ -65,8 +54,8 @@ class Recorder(L.Callback):
 
 
 @pytest.mark.parametrize("name", INTERVENTIONS)
-def test_each_intervention_trains_end_to_end(tmp_path, cache_dir, name):
-    cfg, _ = experiment(tmp_path / "run", cache_dir, f"intervention={name}")
+def test_each_intervention_trains_end_to_end(tmp_path, experiment, name):
+    cfg = experiment(tmp_path / "run", *RUN, f"intervention={name}")
     rec = Recorder()
     run_dir = run_finetune(cfg, callbacks=[rec])
     assert len(rec.losses) == 4 and all(torch.isfinite(torch.tensor(rec.losses)))
@@ -95,9 +84,9 @@ def test_each_intervention_trains_end_to_end(tmp_path, cache_dir, name):
 
 
 @pytest.mark.parametrize("name", ["state_passing", "tbptt"])
-def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, cache_dir, name):
-    cfg, _ = experiment(tmp_path / "run", cache_dir, f"intervention={name}", "intervention.reset_prob=0.25",
-                               "trainer.max_steps=6")
+def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, experiment, name):
+    cfg = experiment(tmp_path / "run", *RUN, f"intervention={name}", "intervention.reset_prob=0.25",
+                     "trainer.max_steps=6")
     rec = Recorder()
     run_finetune(cfg, callbacks=[rec])
     assert rec.inits[0].ssm.abs().sum() == 0  # nothing to carry at step 0
@@ -116,10 +105,10 @@ def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, cache_dir, 
     assert 0 < resets < 20  # reset_prob 0.25 over 20 lane-steps
 
 
-def test_tbptt_lanes_continue_exactly(tmp_path, cache_dir):
+def test_tbptt_lanes_continue_exactly(tmp_path, experiment):
     """Carried state after 2 steps of 16 tokens == the state after one 32-token forward (frozen weights)."""
-    cfg, _ = experiment(tmp_path / "run", cache_dir, "intervention=tbptt", "intervention.reset_prob=0",
-                               "trainer.max_steps=2", "optim.lr=1e-30", "optim.weight_decay=0", "optim.grad_clip=0")
+    cfg = experiment(tmp_path / "run", *RUN, "intervention=tbptt", "intervention.reset_prob=0",
+                     "trainer.max_steps=2", "optim.lr=1e-30", "optim.weight_decay=0", "optim.grad_clip=0")
     rec = Recorder()
     run_finetune(cfg, callbacks=[rec])
     b0, b1 = rec.batches
@@ -135,20 +124,20 @@ def test_tbptt_lanes_continue_exactly(tmp_path, cache_dir):
     torch.testing.assert_close(carried.conv, state.conv, rtol=1e-5, atol=1e-6)
 
 
-def test_tbptt_lanes_restart_from_zero_exactly_every_tbptt_segments_resume_included(tmp_path, cache_dir):
+def test_tbptt_lanes_restart_from_zero_exactly_every_tbptt_segments_resume_included(tmp_path, experiment):
     """The paper's TBTT: long sequences of tbptt_segments segments from a zero state, no random resets; a run
     killed inside a long sequence resumes with the carried state and restarts on the same steps."""
     common = ["intervention=tbptt", "intervention.tbptt_segments=3", "trainer.max_steps=8",
               "trainer.checkpoint_every_n_steps=4", "trainer.val_every_n_steps=4"]
-    cfg, _ = experiment(tmp_path / "full", cache_dir, *common)
+    cfg = experiment(tmp_path / "full", *RUN, *common)
     assert cfg.intervention.reset_prob == 0.0  # the intervention's preset: no random resets
     full = Recorder()
     run_finetune(cfg, callbacks=[full])
-    cfg, _ = experiment(tmp_path / "killed", cache_dir, *common)
+    cfg = experiment(tmp_path / "killed", *RUN, *common)
     first = Recorder()
     with pytest.raises((KeyboardInterrupt, SystemExit)):
         run_finetune(cfg, callbacks=[first, CrashAfter(4)])  # killed in the second long sequence (steps 3-5)
-    cfg, _ = experiment(tmp_path / "killed", cache_dir, *common)
+    cfg = experiment(tmp_path / "killed", *RUN, *common)
     second = Recorder()
     run_finetune(cfg, callbacks=[second])
     for rec in (full, first):
@@ -168,11 +157,11 @@ def test_tbptt_lanes_restart_from_zero_exactly_every_tbptt_segments_resume_inclu
     assert first.losses + second.losses == full.losses
 
 
-def test_fitted_noise_statistics_match_the_fitting_data(tmp_path, cache_dir):
+def test_fitted_noise_statistics_match_the_fitting_data(tmp_path, experiment):
     from recurlen.training.data.datamodule import RecurlenDataModule
     from recurlen.training.finetune import build_model
 
-    cfg, _ = experiment(tmp_path / "run", cache_dir, "intervention=fitted_noise", "intervention.fit_batches=3")
+    cfg = experiment(tmp_path / "run", *RUN, "intervention=fitted_noise", "intervention.fit_batches=3")
     dm = RecurlenDataModule(cfg.data)
     dm.setup("fit")
     model = build_model(cfg)
@@ -204,20 +193,20 @@ REFRESH = {"every": ["intervention.fit_refresh=every", "intervention.fit_refresh
 
 @pytest.mark.parametrize("name, refresh", [("tbptt", None), ("state_passing", None), ("fitted_noise", None),
                                            ("fitted_noise", "every"), ("fitted_noise", "ema")])
-def test_resume_after_kill_is_exact(tmp_path, cache_dir, name, refresh):
+def test_resume_after_kill_is_exact(tmp_path, experiment, name, refresh):
     # With a refresh every 2 steps, the kill after 3 steps leaves a window open (step 2 seen, step 3 not yet).
     common = [f"intervention={name}", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=3",
               "trainer.val_every_n_steps=3", "intervention.reset_prob=0.3", *REFRESH.get(refresh, [])]
-    cfg, _ = experiment(tmp_path / "full", cache_dir, *common)
+    cfg = experiment(tmp_path / "full", *RUN, *common)
     full = Recorder()
     run_finetune(cfg, callbacks=[full])
 
-    cfg, _ = experiment(tmp_path / "killed", cache_dir, *common)
+    cfg = experiment(tmp_path / "killed", *RUN, *common)
     first = Recorder()
     with pytest.raises((KeyboardInterrupt, SystemExit)):
         run_finetune(cfg, callbacks=[first, CrashAfter(3)])
     assert (tmp_path / "killed" / "checkpoints" / "step=000003.ckpt").is_file()
-    cfg, _ = experiment(tmp_path / "killed", cache_dir, *common)  # resume=auto
+    cfg = experiment(tmp_path / "killed", *RUN, *common)  # resume=auto
     second = Recorder()
     run_finetune(cfg, callbacks=[second])
 
@@ -314,8 +303,8 @@ class PoisonAt(L.Callback):
                 pl_module.model.backbone.norm_f.weight.fill_(float("nan"))
 
 
-def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, cache_dir):
-    cfg, _ = experiment(tmp_path / "run", cache_dir, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2")
+def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, experiment):
+    cfg = experiment(tmp_path / "run", *RUN, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2")
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     with pytest.raises(NonFinite, match=r"non-finite training loss \(nan\) at global step 3; .* the newest finite "
                        f"checkpoint is {last} \\(step 2\\): rerun .* optim.lr=0.00025"):
@@ -325,10 +314,10 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, cache_dir):
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
 
 
-def test_rank_summary_and_tensorboard_scalars(tmp_path, cache_dir):
+def test_rank_summary_and_tensorboard_scalars(tmp_path, experiment):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg, _ = experiment(tmp_path / "run", cache_dir, "intervention=state_passing")
+    cfg = experiment(tmp_path / "run", *RUN, "intervention=state_passing")
     run_dir = run_finetune(cfg)
     summary = json.loads((run_dir / "ranks" / "rank0.json").read_text())
     assert summary["lanes"] == [0, 1, 2, 3] and summary["global_step"] == 4
@@ -340,3 +329,20 @@ def test_rank_summary_and_tensorboard_scalars(tmp_path, cache_dir):
     lrs = [e.value for e in acc.Scalars("train/lr")]
     assert lrs[0] == pytest.approx(1e-3)  # one warmup step, then cosine down
     assert lrs[-1] < lrs[0]
+
+
+def test_under_fsdp_the_wrapped_module_clips_the_gradient_norm():
+    """Lightning's FSDP precision plugin refuses norm clipping: the Trainer gets no clip value under FSDP and the
+    module clips through FSDP's own clip_grad_norm_ (global over the shards), with optim.grad_clip."""
+    from types import SimpleNamespace
+
+    from recurlen.training.finetune import _is_fsdp
+    from recurlen.training.lit_module import RecurlenModule
+
+    calls = []
+    wrapped = SimpleNamespace(clip_grad_norm_=lambda max_norm: calls.append(max_norm))
+    module = SimpleNamespace(optim_cfg=SimpleNamespace(grad_clip=0.7),
+                             trainer=SimpleNamespace(strategy=SimpleNamespace(model=wrapped)))
+    RecurlenModule.configure_gradient_clipping(module, optimizer=None, gradient_clip_val=None)
+    assert calls == [0.7]
+    assert _is_fsdp("fsdp") and _is_fsdp("fsdp_cpu_offload") and not _is_fsdp("ddp") and not _is_fsdp("auto")

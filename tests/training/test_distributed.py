@@ -15,7 +15,7 @@ from recurlen.training.run_dir import RUN_META_KEY
 # Several processes each; CI runs the slow tests.
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -52,11 +52,6 @@ def _check_disjoint_lanes(run_dir: Path, world: int, per_rank: int) -> None:
     carried = ckpt[RUN_META_KEY]["intervention_state"]["carried"]
     assert carried["world_size"] == world and carried["state"]["ssm"].shape[1] == world * per_rank
     assert carried["lanes"].tolist() == list(range(world * per_rank))  # gathered from every rank, in lane order
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("corpus-cache"))
 
 
 def test_ddp_two_processes_on_cpu(tmp_path, cache_dir):

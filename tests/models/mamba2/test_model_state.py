@@ -1,4 +1,4 @@
-"""Mamba-2's LM beyond the contract every architecture shares (tests/test_architectures.py): its state layout,
+"""Mamba-2's LM beyond the contract every architecture shares (tests/models/test_architectures.py): its state layout,
 chunk sizes, config errors, initialisation, padded vocabulary and causal conv."""
 
 import pytest

@@ -115,7 +115,7 @@ def test_a_model_that_uses_no_context_is_told_so(tmp_path, nano_model):
     from recurlen.evaluation.runner import EvalConfig, run_eval
 
     nano_model().save_pretrained(str(tmp_path / "untrained"))
-    text = (Path(__file__).resolve().parents[1] / "recurlen" / "models" / "mamba2" / "model.py").read_bytes()[:2 * 256]
+    text = (Path(__file__).resolve().parents[2] / "recurlen" / "models" / "mamba2" / "model.py").read_bytes()[:2 * 256]
     seqs = torch.tensor(list(text), dtype=torch.long).view(2, 256)
     cfg = EvalConfig(checkpoints=[f"untrained={tmp_path / 'untrained'}"], output_dir=str(tmp_path / "eval"),
                      train_len=32, seq_len=256, num_sequences=2, tasks=["positionwise", "reset"], chunk_len=64,

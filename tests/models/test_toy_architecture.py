@@ -4,7 +4,7 @@ The toy is a diagonal linear RNN LM: per layer and channel h_t = a * h_{t-1} + b
 projected input, 0 < a < 1 learned), read out by a projection into the residual stream. It has what an
 architecture folder holds (a config, a state type, blocks, the LM with its kernel path and checkpoint format,
 a registry entry) and nothing else: registered for this module only, it runs
-  - the whole contract of tests/test_architectures.py (imported below, run here on the toy),
+  - the whole contract of tests/models/test_architectures.py (imported below, run here on the toy),
   - the oracles of the position-wise evaluation with its reset control and of EffRem, and the diagnostic
     callbacks in a real fit (imported from their test modules, run here on the toy),
   - every intervention through a tiny post-training run, the run's checkpoint loaded back through the registry.
@@ -24,7 +24,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-# The shared tests, run again here on the toy: pytest collects them in this module, with its fixtures.
+# The shared tests, run again here on the toy: pytest collects them in this module, with its fixtures. test_callbacks
+# and test_eval_* are in tests/callbacks/ and tests/diagnostics/, on the path through pyproject's pytest pythonpath.
 from test_architectures import (  # noqa: F401
     make_lm,
     test_bad_inputs_are_refused_naming_the_problem,

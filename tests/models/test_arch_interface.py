@@ -8,11 +8,8 @@ from recurlen.models import registry
 NAMES = sorted(registry.architectures())
 
 
-def _model(name: str, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    a = registry.get(name)
-    overrides = {"use_short_conv": True} if name == "gla" else {}
-    return a.build(a.preset("nano", **overrides), backend="torch").eval()
+FIELDS = {"gla": {"use_short_conv": True}}
+"""Nano fields overridden per architecture: GLA with short convolutions, so that its state has a window part."""
 
 
 def test_registry_lists_the_three_architectures_and_rejects_others():
@@ -21,69 +18,6 @@ def test_registry_lists_the_three_architectures_and_rejects_others():
         registry.get("rwkv")
     with pytest.raises(ValueError, match="unknown Mamba-1 preset 'huge'"):
         registry.get("mamba1").preset("huge")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_forward_state_in_and_out_with_split_invariance(name):
-    model = _model(name)
-    a = registry.of_model(model)
-    assert a.name == name and registry.of_config(model.config) is a
-    ids = torch.randint(0, 257, (3, 70))
-    with torch.no_grad():
-        full, full_state = model(ids)
-        first, state = model(ids[:, :33])
-        assert isinstance(state, a.state_cls)
-        second, split_state = model(ids[:, 33:], state)
-        hidden, _ = model.forward_hidden(ids[:, :33])
-        step_logits, _ = model.step(ids[:, 33], state)
-    torch.testing.assert_close(torch.cat([first, second], 1), full, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(model.logits_from_hidden(hidden), first, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(step_logits, second[:, 0], rtol=1e-4, atol=1e-4)
-    for part, t in split_state.parts().items():
-        torch.testing.assert_close(t, getattr(full_state, part), rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_state_operations(name):
-    model = _model(name)
-    with torch.no_grad():
-        _, state = model(torch.randint(0, 257, (4, 12)))
-    cls = type(state)
-    zero = model.zero_state(4)
-    assert type(zero) is cls and all(t.abs().sum() == 0 for t in zero.parts().values())
-    assert set(cls.RECURRENT) | set(cls.WINDOW) == set(cls.part_names())
-    reset = state.reset(torch.tensor([True, False, True, False]))
-    for part, t in reset.parts().items():
-        assert t[:, [0, 2]].abs().sum() == 0 and torch.equal(t[:, [1, 3]], getattr(state, part)[:, [1, 3]])
-    assert all(torch.equal(a, b) for a, b in zip(cls.cat([state[0:1], state[1:4]]).parts().values(),
-                                                 state.parts().values()))
-    assert all(torch.equal(a, b) for a, b in zip(cls.from_state_dict(state.state_dict()).parts().values(),
-                                                 state.parts().values()))
-    only = state.recurrent_only()
-    for part in cls.WINDOW:
-        assert getattr(only, part).abs().sum() == 0
-    for part in cls.RECURRENT:
-        assert torch.equal(getattr(only, part), getattr(state, part))
-        k, groups, samples = state.group_view(part).shape
-        assert k == state.n_layer and groups * samples == getattr(state, part)[0].numel()
-    assert set(state.norms()) == {f"{p}_rms_K" for p in cls.part_names()}
-    assert state.norms()[f"{cls.RECURRENT[0]}_rms_K"].shape == (state.n_layer,)
-    grad = state._map(lambda _, t: t.clone().requires_grad_())
-    assert not any(t.requires_grad for t in grad.detach().parts().values())
-    with pytest.raises(ValueError, match="mask must have shape"):
-        state.where(torch.ones(3, dtype=torch.bool), zero)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_checkpoint_directory_is_detected_and_loads_the_same_model(tmp_path, name):
-    model = _model(name)
-    model.save_pretrained(str(tmp_path / name))
-    a = registry.detect(tmp_path / name)
-    assert a.name == name
-    again = a.load_pretrained(tmp_path / name, backend="torch")
-    ids = torch.randint(0, 257, (2, 9))
-    with torch.no_grad():
-        torch.testing.assert_close(again(ids)[0], model(ids)[0], rtol=0, atol=0)
 
 
 def test_detect_refuses_unknown_configs(tmp_path):
@@ -128,10 +62,10 @@ def test_the_model_table_says_which_official_checkpoint_a_directory_is(directory
     assert (row.name if row else None) == official
 
 
-def test_an_official_checkpoint_directory_loads_with_its_training_context(tmp_path):
+def test_an_official_checkpoint_directory_loads_with_its_training_context(tmp_path, nano_model):
     from recurlen.training.run_dir import load_model
 
-    model = _model("mamba2")
+    model = nano_model("mamba2")
     for name in ("mamba2-130m", "mamba-130m", "mine"):
         model.save_pretrained(str(tmp_path / name))
     # By name only: a Mamba-2 model in a directory named after a Mamba-1 checkpoint is not that checkpoint.
@@ -150,13 +84,13 @@ def test_model_section_validates_the_architecture_and_its_fields():
         load_experiment(["model.architecture=gla"])
 
 
-def test_eval_and_report_put_architectures_side_by_side(tmp_path):
+def test_eval_and_report_put_architectures_side_by_side(tmp_path, nano_model):
     from recurlen.commands.report import write_report
     from recurlen.evaluation.runner import EvalConfig, run_eval
 
     paths = []
     for name in NAMES:
-        model = _model(name)
+        model = nano_model(name, **FIELDS.get(name, {}))
         model.save_pretrained(str(tmp_path / name))
         paths.append(f"{name}={tmp_path / name}")
     seqs = torch.randint(0, 257, (3, 200), generator=torch.Generator().manual_seed(4))
@@ -174,13 +108,13 @@ def test_eval_and_report_put_architectures_side_by_side(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["mamba1", "gla"])
-def test_tasks_run_on_every_architecture(name):
+def test_tasks_run_on_every_architecture(name, nano_model):
     from recurlen.evaluation.tasks.config import CopyingConfig
     from recurlen.evaluation.tasks.copying import CopyingFormat, evaluate_single
     from recurlen.evaluation.tasks.passkey import evaluate_passkey
     from recurlen.util.tokenizers import ByteTokenizer
 
-    model, tok = _model(name), ByteTokenizer()
+    model, tok = nano_model(name, **FIELDS.get(name, {})), ByteTokenizer()
     passkey = evaluate_passkey(model, tok, lengths=[260], depths=[0.5], trials=2, seed=0, batch_size=2, chunk_len=64,
                                progress=False)
     assert passkey["lengths"] == [260] and 0.0 <= passkey["mean_accuracy"] <= 1.0

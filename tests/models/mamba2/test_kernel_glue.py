@@ -3,7 +3,7 @@
 mamba-ssm and causal-conv1d need CUDA, so here they are replaced by PyTorch functions with the semantics
 and the input requirements their documentation gives (raw dt with dt_bias and softplus inside the scan,
 the D skip, gated RMSNorm with norm_before_gate=False, a conv whose initial states need channel-last
-layout). The real kernels are compared with the torch backend in tests/test_gpu_kernels.py.
+layout). The real kernels are compared with the torch backend in tests/models/mamba2/test_gpu_kernels.py.
 """
 
 import pytest

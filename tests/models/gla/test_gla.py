@@ -1,6 +1,6 @@
 """GLA: the chunked scan against an independent float64 recurrence, the whole LM against a per-token
 reference written from fla's layer equations, its state layout, and fla-hub-format checkpoints (the contract every
-architecture shares is tests/test_architectures.py)."""
+architecture shares is tests/models/test_architectures.py)."""
 
 import json
 
