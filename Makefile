@@ -103,12 +103,13 @@ generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) 
 	$(PY) -m recurlen generate $(if $(ARGS),$(ARGS),model=$(MODEL))
 
 bench: $(STAMP) ## run the CPU benchmark scripts (quick settings)
-	for b in $(filter-out benchmarks/bench_gpu.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(PY) $$b --quick || exit 1; done
+	for b in $(filter-out benchmarks/bench_gpu%.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(PY) $$b --quick || exit 1; done
 
 gpu-check: ## the GPU path in one command (GPU machine, <10 min): installs it, tests, agreement, speed, 130m runs, JSON
 	ARGS="$(ARGS)" bash scripts/gpu_check.sh
 
 bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their training throughput (needs CUDA + [cuda])
 	$(PY) benchmarks/bench_gpu.py $(ARGS)
+	$(PY) benchmarks/bench_gpu_arch.py
 
 .PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu

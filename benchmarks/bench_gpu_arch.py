@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import torch
+from bench_gpu import throughput  # the same training step as the Mamba-2 GPU benchmark
 
 from recurlen.models import registry, table
 
@@ -67,30 +67,6 @@ def agreement(model, ids: torch.Tensor, state) -> dict[str, float]:
     return out
 
 
-def throughput(model, ids: torch.Tensor, backend: str, steps: int) -> dict[str, float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    torch.cuda.reset_peak_memory_stats()
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits, _ = model(ids[:, :-1], backend=backend)
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    seconds = (time.perf_counter() - start) / steps
-    return {"step_s": seconds, "tokens_per_s": ids[:, :-1].numel() / seconds,
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", default=list(registry.architectures()))
@@ -135,7 +111,8 @@ def main() -> int:
                   + (f"  FAILED {sorted(bad)}" if bad else "  [OK]"))
             if not small:
                 ids = torch.randint(0, vocab, (args.batch, args.length + 1), device="cuda")
-                speed = {b: throughput(model, ids, b, args.steps) for b in ("kernel", "torch")}
+                speed = {b: dict(zip(("tokens_per_s", "peak_gib"), throughput(model, ids, b, args.steps)))
+                         for b in ("kernel", "torch")}
                 speed["ratio"] = speed["kernel"]["tokens_per_s"] / speed["torch"]["tokens_per_s"]
                 entry[size]["throughput"] = speed
                 print(f"   train step bf16 {args.batch} x {args.length}: kernel {speed['kernel']['tokens_per_s']:.0f} "
