@@ -109,7 +109,8 @@ def model_choice(choice: str, *, root: Path | None = None) -> DictConfig:
     row = table.find(str(part.get("name")))
     if row is None or row.architecture != architecture:
         return part  # 'custom' or a name of another architecture: the schema names the problem
-    return OmegaConf.merge(_row_section(row), part)
+    # The file's values win; its keys keep their place in front (config.yaml reads as the file, then the row).
+    return OmegaConf.merge(part, OmegaConf.merge(_row_section(row), part))
 
 
 def _row_section(row: table.ModelRow) -> DictConfig:
