@@ -101,7 +101,7 @@ def test_initial_state_of_each_intervention(make_model, close_scaled, kind):
     prev = torch.randint(0, 257, (2, 45), generator=g)
     ids = torch.randint(0, 257, (2, 29), generator=g)
     init = {"zeros": lambda: model.zero_state(2), "carried": lambda: _carried(model, prev),
-            "carried_ssm_only": lambda: _carried(model, prev).with_ssm_only()}[kind]()
+            "carried_ssm_only": lambda: _carried(model, prev).recurrent_only()}[kind]()
     assert (kind == "zeros") == (init.ssm.abs().sum() == 0)
     assert (kind == "carried") == bool(init.conv.abs().sum() > 0)
     with torch.no_grad():
