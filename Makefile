@@ -27,6 +27,7 @@ RUN ?=
 ARCH ?=
 RUNS ?= runs/demo/pretrain runs/demo/post/none runs/demo/post/state_passing runs/demo/post/tbptt
 OUT ?= runs/eval
+FORMAT ?= official
 ARGS ?=
 
 # make finetune VAR=... -> recurlen finetune overrides (only the ones given).
@@ -87,6 +88,9 @@ eval: $(STAMP) ## evaluate RUNS="dir dir ..." to OUT= (position-wise, reset cont
 	$(PY) -m recurlen eval $(RUNS) --out $(OUT) $(ARGS)
 	$(PY) -m recurlen report $(OUT) --out $(OUT)
 
+export: $(STAMP) ## export RUN= (a run or .ckpt) as FORMAT=official|transformers + model card to exports/<run>-FORMAT [ARGS=]
+	$(PY) -m recurlen export $(RUN) --out exports/$(notdir $(patsubst %/,%,$(RUN)))-$(FORMAT) format=$(FORMAT) $(ARGS)
+
 passkey: $(STAMP) ## passkey retrieval per intervention (experiments/passkey.yaml) [ARGS='intervention=... task.lengths=[...]']
 	$(PY) -m recurlen passkey $(ARGS)
 
@@ -112,4 +116,4 @@ bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their tra
 	$(PY) benchmarks/bench_gpu.py $(ARGS)
 	$(PY) benchmarks/bench_gpu_arch.py
 
-.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval passkey babilong copying tensorboard generate bench bench-gpu
+.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval export passkey babilong copying tensorboard generate bench bench-gpu

@@ -57,6 +57,15 @@ def cache_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("corpus-cache"))
 
 
+@pytest.fixture
+def cli_logs(monkeypatch):
+    """`recurlen.commands.cli.main` run in this process logs to this test's stderr (capsys), not to the stream of
+    the test that first set its handler up (which pytest has closed since)."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("recurlen"), "handlers", [])
+
+
 @pytest.fixture(scope="session")
 def experiment(cache_dir):
     """`experiment(run_dir, *overrides, arch="mamba2")` -> ExperimentConfig: TINY_RUN on the architecture's nano

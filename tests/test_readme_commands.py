@@ -65,6 +65,7 @@ REAL = {
     "num_sequences=64 chunk_len=256 batch_size=16 tasks=[positionwise,reset,state] --out runs/refresh/eval": EVAL_TINY,
     "make tensorboard": [],
     "make lint": [],
+    "make export RUN=runs/demo/post/state_passing FORMAT=official": [],
 }
 # Targets of `make help` that run for real when no README line runs them (default variables).
 REAL_TARGETS = {"fit-noise": TRAIN_TINY, "generate": ["max_new_tokens=4"], "help": []}

@@ -260,6 +260,32 @@ def cmd_generate(w: Words) -> int:
     return 0
 
 
+# ---- export ------------------------------------------------------------------------------------------------
+
+
+def cmd_export(w: Words) -> int:
+    from omegaconf import OmegaConf
+
+    from recurlen.commands.export import ExportSettings, export, export_plan
+
+    with user_input():
+        settings_words = w.settings() + ([f"format={w.paths['format']}"] if "format" in w.paths else [])
+        check_dotlist(settings_words, ExportSettings)
+        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ExportSettings),
+                                                       OmegaConf.from_dotlist(settings_words)))
+        if len(w.positional()) != 1:
+            raise UserError(f"name one run directory, .ckpt or pretrained directory to export; got {w.positional()}")
+        if "out" not in w.paths:
+            raise UserError("--out DIR is required: where the weights, the tokenizer and README.md go")
+        plan = export_plan(w.positional()[0], w.paths["out"], settings, w.paths.get("eval"))
+    if w.dry_run:
+        return _dry(plan)
+    command = [*w.positional(), "--out", w.paths["out"], *settings_words,
+               *(["--eval", w.paths["eval"]] if "eval" in w.paths else [])]
+    export(w.positional()[0], w.paths["out"], settings, eval_path=w.paths.get("eval"), command=command)
+    return 0
+
+
 # ---- help --------------------------------------------------------------------------------------------------
 
 
@@ -351,6 +377,13 @@ COMMANDS: dict[str, Command] = {
                         _settings_help("generate", "[--checkpoint PATH] [KEY=VALUE ...]",
                                        "recurlen.evaluation.generation.GenerateConfig"),
                         {"--checkpoint": "run directory, .ckpt, pretrained directory or hub id (default: model=)"}),
+    "export": Command(cmd_export, "write a model in its official or transformers' format, with a model card",
+                      _settings_help("export", "RUN_OR_CKPT --out DIR [--eval DIR] [format=official|transformers] "
+                                     "[KEY=VALUE ...]", "recurlen.commands.export.ExportSettings"),
+                      {"--out": "directory for the weights, the tokenizer's files and README.md (the model card)",
+                       "--eval": "an evaluation of the run (`recurlen eval`'s --out or its results.json) for the card; "
+                                 "default: the newest under the run directory",
+                       "--format": "the same as format=..."}),
     "passkey": Command(_task("passkey"), "passkey retrieval: a key hidden in long prompts",
                        _experiment_help("passkey", "passkey")),
     "babilong": Command(_task("babilong"), "BABILong: reasoning over facts hidden in long text",

@@ -91,6 +91,7 @@ def describe_data(data) -> str:
 def experiment_plan(cfg, *, command: str) -> list[str]:
     """Resolve an experiment's inputs (UserError for a missing local one) and describe the run."""
     run = RunDir(cfg.resolved_run_dir)
+    run.check_location()
     run_dir = run.path
     try:
         ckpt = run.resume_checkpoint(cfg.resume)

@@ -84,6 +84,15 @@ def select_sequences(sequences: torch.Tensor | Sequence[torch.Tensor], *, length
     return out_NL
 
 
+def available_length(sequences: torch.Tensor | Sequence[torch.Tensor], num: int) -> int:
+    """The longest length that `num` of the held-out sequences reach (what select_sequences can cut them to);
+    0 when there are fewer than `num`."""
+    if isinstance(sequences, torch.Tensor):
+        return int(sequences.shape[-1]) if sequences.dim() == 2 and sequences.shape[0] >= num else 0
+    lengths = sorted((len(s) for s in sequences), reverse=True)
+    return lengths[num - 1] if num >= 1 and len(lengths) >= num else 0
+
+
 def unigram_loss(seqs_NL: torch.Tensor) -> float:
     """Cross-entropy (nats / token) of the held-out targets under their own token frequencies: the best a
     model that ignores all context can do on them (the no-context baseline of `recurlen report`)."""

@@ -6,6 +6,7 @@ of experiments/data/ (`data=pg19`), with `data.key=value` overrides on top.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from omegaconf import OmegaConf
 
 from recurlen.evaluation.runner import EvalConfig, run_eval
 from recurlen.training.data.config import DataConfig
+from recurlen.util.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +50,30 @@ def build_data_config(first_checkpoint: str, data_group: str | None, data_overri
 
 def evaluate_checkpoints(cfg: EvalConfig, data: DataConfig) -> Path:
     """Evaluate cfg.checkpoints on `cfg.num_sequences` held-out sequences of `data`; returns results.json."""
-    from recurlen.training.data.datamodule import RecurlenDataModule
-
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    dm = RecurlenDataModule(data)
-    dm.setup("validate")
     if cfg.seq_len is None:
         cfg.seq_len = data.long_val_length
-    sequences = dm.long_validation_sequences(length=cfg.seq_len, num=cfg.num_sequences)
-    run_eval(cfg, sequences)
+    num = max(cfg.num_sequences, cfg.effrem_sequences or 0)
+    run_eval(cfg, heldout_sequences(data, length=cfg.seq_len, num=num))
     return Path(cfg.output_dir) / "results.json"
 
 
-__all__ = ["build_data_config", "evaluate_checkpoints", "run_data_config"]
+def heldout_sequences(data: DataConfig, *, length: int, num: int) -> torch.Tensor:
+    """(num, length) held-out tokens of `data`, chosen by the evaluation's own length and count (not by the
+    validation settings of the run that trained on `data`); too little held-out data is a one-line UserError."""
+    from recurlen.training.data.datamodule import RecurlenDataModule
+
+    data = dataclasses.replace(data, val_length=length, val_sequences=num, val_segments=0)
+    try:
+        dm = RecurlenDataModule(data)
+        dm.setup("validate")
+        return dm.long_validation_sequences(length=length, num=num)
+    except (ValueError, FileNotFoundError) as err:
+        why = str(err).split("; ")[0]  # the fact; the data's own advice names its validation settings, not these
+        raise UserError(f"the held-out data cannot give {num} sequence(s) of seq_len={length} tokens: {why}; lower "
+                        "seq_len or num_sequences, raise data.val_fraction, set data.val_mode=pack or windows, or "
+                        "choose other data (data=GROUP, data.source=...)") from err
+
+
+__all__ = ["build_data_config", "evaluate_checkpoints", "heldout_sequences", "run_data_config"]

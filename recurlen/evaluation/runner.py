@@ -29,12 +29,13 @@ from pathlib import Path
 import torch
 
 from recurlen.diagnostics.effrem import check_t_grid, effective_remembrance
-from recurlen.diagnostics.model_access import require_state_api, select_sequences, unigram_loss
+from recurlen.diagnostics.model_access import available_length, require_state_api, select_sequences, unigram_loss
 from recurlen.diagnostics.plots import PLOT_NAMES, RESULTS_NAME, write_plots
 from recurlen.diagnostics.positionwise import evaluate_positionwise
 from recurlen.models import registry
 from recurlen.training.run_dir import load_model
 from recurlen.util.atomic_files import json_safe, write_json
+from recurlen.util.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -163,15 +164,16 @@ def evaluate_model(model: torch.nn.Module, sequences, *, cfg: EvalConfig, train_
     require_state_api(model)
     seq_len = cfg.seq_len or (GPU_SEQ_LEN if device.type == "cuda" else CPU_CONTEXT_MULTIPLE * train_len)
     if seq_len <= train_len:
-        raise ValueError(f"eval [{label}]: seq_len={seq_len} must be larger than the training context "
-                         f"train_len={train_len}")
+        raise UserError(f"eval [{label}]: seq_len={seq_len} must be larger than the training context "
+                        f"train_len={train_len}")
+    tasks = set(cfg.tasks)
+    effrem_len = _effrem_context(cfg, sequences, train_len=train_len, label=label) if "effrem" in tasks else 0
     entry: dict = {"label": label, "source": source, "train_len": train_len, "seq_len": seq_len}
     try:
         a = registry.of_model(model)
         entry.update(architecture=a.name, model=a.describe(model.config))
     except ValueError:  # a model outside the registry that still has the state API
         pass
-    tasks = set(cfg.tasks)
     if tasks & {"positionwise", "reset", "state"}:
         result = evaluate_positionwise(
             model, sequences, train_len=train_len, seq_len=seq_len, num_sequences=cfg.num_sequences,
@@ -184,13 +186,29 @@ def evaluate_model(model: torch.nn.Module, sequences, *, cfg: EvalConfig, train_
         if result.state is not None:
             entry["state"] = result.state.to_dict()
     if "effrem" in tasks:
-        effrem_len = cfg.effrem_len or 4 * train_len
         eff = effective_remembrance(
             model, sequences, context_len=effrem_len, t_grid=cfg.effrem_t, num_points=cfg.effrem_points,
             num_sequences=cfg.effrem_sequences or cfg.num_sequences, train_len=train_len, chunk_len=cfg.chunk_len,
             batch_size=cfg.batch_size, max_batch_rows=cfg.effrem_max_rows, bf16=cfg.bf16, progress=cfg.progress)
         entry["effrem"] = eff.to_dict()
     return entry
+
+
+def _effrem_context(cfg: EvalConfig, sequences, *, train_len: int, label: str) -> int:
+    """T of EffRem_T: effrem_len, else 4 x train_len, fitted to the held-out sequences when they are shorter
+    (said in a warning); an effrem_len given that they cannot serve is a UserError naming the settings to change."""
+    want = cfg.effrem_len or 4 * train_len
+    have = available_length(sequences, cfg.effrem_sequences or cfg.num_sequences)
+    if have == 0 or want <= have:  # have == 0: too few sequences, which select_sequences reports
+        return want
+    if cfg.effrem_len is None and have > train_len and max(cfg.effrem_t or [0]) < have:
+        log.warning("eval [%s]: EffRem's context is 4 x train_len = %d by default, but the held-out sequences hold %d "
+                    "tokens: measuring EffRem_%d (seq_len=%d or more measures EffRem_%d)", label, want, have, have,
+                    want, want)
+        return have
+    raise UserError(f"eval [{label}]: EffRem with a context of {want} tokens needs held-out sequences that long; "
+                    f"they hold {have} (seq_len): raise seq_len to {want} or more, set effrem_len between "
+                    f"train_len={train_len} and {have}, or leave effrem out of tasks")
 
 
 def _summary_line(entry: dict) -> str:
@@ -211,7 +229,8 @@ def run_eval(cfg: EvalConfig, sequences: torch.Tensor | list[torch.Tensor]) -> d
         loaded = load_model(path, backend=cfg.backend, device=device)
         train_len = cfg.train_len or loaded.train_seq_len
         if train_len is None:
-            raise ValueError(f"eval [{label}]: {path} does not record its training context; set EvalConfig.train_len")
+            raise UserError(f"eval [{label}]: {path} does not record its training context; set train_len= "
+                            "(EvalConfig.train_len)")
         if cfg.padded_vocab:
             if not hasattr(loaded.model, "score_padded_vocab"):
                 raise ValueError(f"eval [{label}]: padded_vocab=true needs a model with a padded LM head "

@@ -8,7 +8,8 @@ talks to a model only through this interface:
     logits_BV, state = model.step(ids_B, state)     # one token, for generation
     model.zero_state(batch, device=...)             # a typed LayeredState (see layered_state.py)
     model.config                                    # the architecture's config dataclass (to_dict/from_dict)
-    model.save_pretrained(dir) / Arch.load_pretrained(dir)   # the architecture's official format
+    model.save_pretrained(dir) / Arch.load_pretrained(dir)   # the architecture's official format (loading also
+                                                            # takes transformers' format, where it has one)
     model.backend                                   # 'auto' | 'torch' | 'kernel'
 
 and the state's own operations (reset per lane, detach, index / cat lanes, to, state_dict, per-layer
@@ -30,6 +31,7 @@ import torch
 from recurlen.models import official, table
 from recurlen.models.lm import StatefulLM
 from recurlen.models.state import LayeredState
+from recurlen.models.transformers_format import TransformersFormat
 
 
 @runtime_checkable
@@ -52,7 +54,8 @@ class RecurrentLM(Protocol):
 
     def zero_state(self, batch: int, *, device: torch.device | str | None = None) -> LayeredState: ...
 
-    def save_pretrained(self, directory: str, *, dtype: torch.dtype = torch.float32) -> None: ...
+    def save_pretrained(self, directory: str, *, dtype: torch.dtype = torch.float32,
+                        weights: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,16 @@ class Architecture:
     def state_cls(self) -> type[LayeredState]:
         return self.model_cls.state_cls
 
+    @property
+    def transformers_format(self) -> TransformersFormat | None:
+        """Its format in transformers (config.json + weights AutoModelForCausalLM loads); None where transformers
+        has no class for it."""
+        return self.model_cls.transformers
+
     def recognises(self, raw: dict[str, Any]) -> bool:
-        """True for an official config.json of this architecture."""
-        return self.config_cls.recognises(raw)
+        """True for a config.json of this architecture: its official one, or transformers' where it has one."""
+        fmt = self.transformers_format
+        return self.config_cls.recognises(raw) or (fmt is not None and fmt.recognises(raw))
 
     def describe(self, config: Any) -> str:
         """One line for reports: the shape of a config."""

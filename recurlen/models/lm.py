@@ -12,6 +12,7 @@ under their official names in `__init__` (so checkpoints load without renaming),
     config_cls, state_cls   its config dataclass and its LayeredState type
     kernels                 its optional kernels (a KernelPath)
     official                its checkpoint format (an OfficialFormat)
+    transformers            its format in transformers, where transformers has a class for it (a TransformersFormat)
     embedding, layers       the nn.Embedding and the ModuleList of blocks
     start(hidden) / finish(carry)   what flows between blocks (default: the hidden states) and the final norm
 
@@ -27,10 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from recurlen.models import official
+from recurlen.models import official, transformers_format
 from recurlen.models.backends import KernelPath, check_backend
 from recurlen.models.official import OfficialFormat
 from recurlen.models.state import LayeredState
+from recurlen.models.transformers_format import TransformersFormat
 from recurlen.util.hub import resolve_pretrained_dir
 
 
@@ -39,6 +41,7 @@ class StatefulLM(nn.Module):
     state_cls: ClassVar[type[LayeredState]]
     kernels: ClassVar[KernelPath]
     official: ClassVar[OfficialFormat]
+    transformers: ClassVar[TransformersFormat | None] = None
 
     def __init__(self, config: Any, *, backend: str = "auto") -> None:
         super().__init__()
@@ -150,16 +153,23 @@ class StatefulLM(nn.Module):
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str, *, backend: str = "auto", device: str | torch.device | None = None,
                         dtype: torch.dtype = torch.float32) -> StatefulLM:
-        """Load an official-format directory (config.json + weights) or a hub id from the local cache."""
+        """Load a directory (config.json + weights) in the official format or in transformers' (where the
+        architecture has one), or a hub id from the local cache."""
         directory = resolve_pretrained_dir(str(path_or_hub_id))
-        model = cls(official.read_config(directory, cls.config_cls), backend=backend)
-        official.load_strict(model, official.read_state_dict(directory, cls.official), cls.official,
-                             source=str(directory))
+        if cls.transformers is not None and cls.transformers.recognises(official.read_official_json(directory)):
+            config, state_dict = transformers_format.read(directory, cls, cls.transformers)
+        else:
+            config = official.read_config(directory, cls.config_cls)
+            state_dict = official.read_state_dict(directory, cls.official)
+        model = cls(config, backend=backend)
+        official.load_strict(model, state_dict, cls.official, source=str(directory))
         return model.to(device=device, dtype=dtype)
 
-    def save_pretrained(self, directory: str, *, dtype: torch.dtype = torch.float32) -> None:
-        """Write config.json + the weights in the architecture's official layout."""
-        official.save(self, directory, self.official, dtype=dtype)
+    def save_pretrained(self, directory: str, *, dtype: torch.dtype = torch.float32,
+                        weights: str | None = None) -> None:
+        """Write config.json + the weights in the architecture's official layout (weights: 'safetensors', 'bin', or
+        None for the format's own file)."""
+        official.save(self, directory, self.official, dtype=dtype, weights=weights)
 
 
 __all__ = ["StatefulLM"]

@@ -23,9 +23,13 @@ from recurlen.models.config import ModelConfig, padded
 from recurlen.models.layers import ResidualBlock, RMSNorm
 from recurlen.models.lm import StatefulLM
 from recurlen.models.official import WEIGHTS_NAME, OfficialFormat
+from recurlen.models.transformers_format import Field, TransformersFormat
 
-MIXER_MODEL_FORMAT = OfficialFormat(weights=WEIGHTS_NAME, embedding_key="backbone.embedding.weight",
-                                    tie_flag="tie_embeddings")
+# mamba-ssm's from_pretrained reads pytorch_model.bin and nothing else: the format's own file.
+MIXER_MODEL_FORMAT = OfficialFormat(
+    weights=WEIGHTS_NAME, embedding_key="backbone.embedding.weight", tie_flag="tie_embeddings", library="mamba-ssm",
+    loading="from mamba_ssm.models.mixer_seq_simple import MambaLMHeadModel; "
+            "model = MambaLMHeadModel.from_pretrained(DIR)")
 
 
 @dataclass
@@ -183,4 +187,21 @@ def read_mixer_model_json(cfg: dict[str, Any], *, source: str, layer: str, wrong
         **{k: v for k, v in ssm_cfg.items() if k in supported_ssm})
 
 
-__all__ = ["MIXER_MODEL_FORMAT", "MixerModelConfig", "MixerModelLM", "mixer_model_json", "read_mixer_model_json"]
+# ---------------------------------------------------------------------- transformers' format
+def mixer_model_transformers_format(*, model_type: str, class_name: str,
+                                    fields: tuple[Field, ...]) -> TransformersFormat:
+    """transformers' format of a mamba-ssm language model (MambaConfig, Mamba2Config): the parameters are
+    mamba-ssm's but for the embedding's name (`backbone.embeddings`), the fields below have the same names and
+    defaults in both configs, and `fields` are the architecture's (those whose names or defaults differ)."""
+    shared = (Field("expand", "expand", 2), Field("conv_kernel", "d_conv", 4), Field("use_bias", "bias", False),
+              Field("use_conv_bias", "conv_bias", True), Field("residual_in_fp32", "residual_in_fp32", True),
+              Field("layer_norm_epsilon", "norm_eps", 1e-5), Field("time_step_min", "dt_min", 0.001),
+              Field("time_step_max", "dt_max", 0.1), Field("time_step_floor", "dt_init_floor", 1e-4))
+    return TransformersFormat(model_type=model_type, class_name=class_name, fields=(*fields, *shared),
+                              keys=(("backbone.embedding.", "backbone.embeddings."),),
+                              read_constants={"pad_vocab_size_multiple": 1},  # its embedding rows are the vocabulary
+                              fixed={"hidden_act": "silu"})
+
+
+__all__ = ["MIXER_MODEL_FORMAT", "MixerModelConfig", "MixerModelLM", "mixer_model_json",
+           "mixer_model_transformers_format", "read_mixer_model_json"]

@@ -11,6 +11,7 @@ cannot hold, e.g. A_init_log_uniform), in its own file so that the reference lib
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ class OfficialFormat:
     """The config field that says the head is tied to the embedding."""
     aliases: dict[str, str] = field(default_factory=dict)
     """Old key -> current key, accepted when reading (an older release's name)."""
+    library: str = ""
+    """The reference library that reads this format (mamba-ssm, fla): a model card's library_name."""
+    loading: str = ""
+    """How that library loads a directory of this format (one line of Python, DIR standing for it)."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -58,12 +63,14 @@ def read_official_json(directory: Path) -> dict[str, Any]:
     return _read_json(path)
 
 
-def read_config(directory: Path, config_cls: type) -> Any:
-    """recurlen's exact config if the directory has one, else the official config.json mapped onto config_cls."""
+def read_config(directory: Path, config_cls: type, *, from_json: Callable[..., Any] | None = None) -> Any:
+    """recurlen's exact config if the directory has one, else its config.json mapped onto config_cls by
+    `from_json(raw, source=)` (default: the official config.json, config_cls.from_official_json)."""
     own = Path(directory) / RECURLEN_CONFIG_NAME
     if own.is_file():
         return config_cls.from_dict(_read_json(own))
-    return config_cls.from_official_json(read_official_json(directory), source=str(Path(directory) / CONFIG_NAME))
+    from_json = from_json or config_cls.from_official_json
+    return from_json(read_official_json(directory), source=str(Path(directory) / CONFIG_NAME))
 
 
 def read_state_dict(directory: Path, fmt: OfficialFormat) -> dict[str, torch.Tensor]:
@@ -101,6 +108,9 @@ def load_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], fmt: Offi
         head, emb = state_dict.get("lm_head.weight"), state_dict.get(fmt.embedding_key)
         if head is None and emb is not None:
             state_dict["lm_head.weight"] = emb
+        elif head is not None and emb is not None and head.shape != emb.shape:
+            raise UserError(f"{source}: {fmt.tie_flag} is true but lm_head.weight has shape {tuple(head.shape)} and "
+                            f"{fmt.embedding_key} {tuple(emb.shape)} (a tied head is the embedding itself)")
         elif head is not None and emb is not None and not torch.equal(head, emb):
             raise UserError(f"{source}: {fmt.tie_flag} is true but lm_head.weight differs from the embedding")
     expected = model.state_dict()
@@ -117,27 +127,56 @@ def load_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], fmt: Offi
     model.load_state_dict({k: v.float() for k, v in state_dict.items()}, strict=True)
 
 
-def save(model: nn.Module, directory: str | Path, fmt: OfficialFormat, *, dtype: torch.dtype = torch.float32) -> None:
-    """The official layout; float32 by default so that a round trip is exact (pass float16 to match the hub)."""
+WEIGHTS_FILES = {"safetensors": SAFETENSORS_NAME, "bin": WEIGHTS_NAME}
+"""The weights files recurlen writes, by the name a `weights=` setting gives them."""
+
+
+def weights_file(weights: str | None, default: str) -> str:
+    """The file a `weights=` choice writes: 'safetensors', 'bin', or None / 'auto' for `default` (a file name)."""
+    if weights in (None, "auto"):
+        return default
+    if weights not in WEIGHTS_FILES:
+        raise ValueError(f"weights={weights!r} is unknown; allowed: {['auto', *WEIGHTS_FILES]}")
+    return WEIGHTS_FILES[weights]
+
+
+def write_checkpoint(directory: str | Path, *, config_json: dict[str, Any], recurlen_config: dict[str, Any],
+                     state: dict[str, torch.Tensor], weights: str, dtype: torch.dtype,
+                     tied_key: str | None) -> Path:
+    """config.json, recurlen_config.json and one weights file (`weights`: a file name of WEIGHTS_FILES).
+
+    tied_key: the head tied to the embedding (left out of safetensors files, which refuse shared storage, as
+    transformers does). A weights file of the other kind left by an earlier write is removed: with two, which one
+    a reader takes would depend on the reader."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / CONFIG_NAME, json.dumps(model.config.to_official_json(), indent=2))
-    write_text(out / RECURLEN_CONFIG_NAME, json.dumps(model.config.to_dict(), indent=2))
-    if fmt.weights == SAFETENSORS_NAME:
+    write_text(out / CONFIG_NAME, json.dumps(config_json, indent=2))
+    write_text(out / RECURLEN_CONFIG_NAME, json.dumps(recurlen_config, indent=2))
+    if weights == SAFETENSORS_NAME:
         from safetensors.torch import save_file
 
         from recurlen.util.atomic_files import atomic_write
 
-        # safetensors refuses shared storage: a tied head is left out, as transformers does.
-        tied = getattr(model.config, fmt.tie_flag)
-        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()
-                 if not (tied and k == "lm_head.weight")}
-        atomic_write(out / SAFETENSORS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
+        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items() if k != tied_key}
+        atomic_write(out / SAFETENSORS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     else:
         # The official .bin files store both tied keys; clone so the two are separate storages in the file.
-        state = {k: v.detach().to("cpu", dtype).clone() for k, v in model.state_dict().items()}
-        save_torch(state, out / WEIGHTS_NAME)
+        save_torch({k: v.detach().to("cpu", dtype).clone() for k, v in state.items()}, out / WEIGHTS_NAME)
+    for other in set(WEIGHTS_FILES.values()) - {weights}:
+        (out / other).unlink(missing_ok=True)
+    return out / weights
 
 
-__all__ = ["CONFIG_NAME", "RECURLEN_CONFIG_NAME", "SAFETENSORS_NAME", "WEIGHTS_NAME", "OfficialFormat", "load_strict",
-           "read_config", "read_official_json", "read_state_dict", "save"]
+def save(model: nn.Module, directory: str | Path, fmt: OfficialFormat, *, dtype: torch.dtype = torch.float32,
+         weights: str | None = None) -> Path:
+    """The official layout; float32 by default so that a round trip is exact (pass float16 to match the hub).
+    weights: 'safetensors', 'bin', or None for the format's own file (what its reference library reads)."""
+    return write_checkpoint(directory, config_json=model.config.to_official_json(),
+                            recurlen_config=model.config.to_dict(), state=model.state_dict(),
+                            weights=weights_file(weights, fmt.weights), dtype=dtype,
+                            tied_key="lm_head.weight" if getattr(model.config, fmt.tie_flag) else None)
+
+
+__all__ = ["CONFIG_NAME", "RECURLEN_CONFIG_NAME", "SAFETENSORS_NAME", "WEIGHTS_FILES", "WEIGHTS_NAME", "OfficialFormat",
+           "load_strict", "read_config", "read_official_json", "read_state_dict", "save", "weights_file",
+           "write_checkpoint"]

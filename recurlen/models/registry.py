@@ -19,6 +19,7 @@ import torch
 from recurlen import models
 from recurlen.models import table
 from recurlen.models.interface import Architecture
+from recurlen.util.errors import UserError
 
 DEFAULT = "mamba2"
 # The order architectures are listed in (help, errors, reports); folders not named here follow, by name.
@@ -96,11 +97,13 @@ def detect(directory: Path) -> Architecture:
         raise FileNotFoundError(f"{directory} has no config.json")
     try:
         raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}); write or download it again") from err
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} holds a JSON {type(raw).__name__}, not a model config (an object)")
     found = [a for a in architectures().values() if a.recognises(raw)]
     if len(found) != 1:
-        raise ValueError(f"{path} is {'ambiguous between ' + str([a.name for a in found]) if found else 'not'} "
+        raise UserError(f"{path} is {'ambiguous between ' + str([a.name for a in found]) if found else 'not'} "
                          f"a config of a known architecture ({sorted(architectures())})")
     return found[0]
 

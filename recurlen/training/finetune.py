@@ -5,6 +5,7 @@ What the run directory holds, and how a run resumes, is `recurlen.training.run_d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,9 +29,10 @@ from recurlen.training.preemption import Preemption
 from recurlen.training.progress_bar import StepProgressBar
 from recurlen.training.resume import decide, newest_finite_checkpoint, record
 from recurlen.training.run_dir import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
-from recurlen.util.atomic_files import save_torch, write_json
-from recurlen.util.errors import Interrupted, NonFinite, UserError
+from recurlen.util.atomic_files import check_file_size_limit, save_torch, write_json
+from recurlen.util.errors import Interrupted, NonFinite, UserError, user_input
 from recurlen.util.tensorboard import RunTensorBoardLogger
+from recurlen.util.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,17 @@ class RunCheckpoint(ModelCheckpoint):
         # Recent Lightning saves last on train end itself; older versions do not. Never save twice.
         if getattr(self, "_last_global_step_saved", None) != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class KeepLock(Callback):
+    """Stops the run at the next step once another process has taken its writer lock over (it found this one's
+    heartbeat stale: a suspended process, a hung file system), before either writes into the other's files."""
+
+    def __init__(self, lock: WriterLock) -> None:
+        self.lock = lock
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.lock.check()
 
 
 class RankSummary(Callback):
@@ -186,7 +199,7 @@ def check_devices(t) -> None:
         raise UserError("trainer.accelerator=mps but MPS is not available here; use trainer.accelerator=cpu or auto")
 
 
-def _launch_rank() -> int:
+def launch_rank() -> int:
     """This process's rank as its launcher set it, before the Trainer exists (0 for a plain single process)."""
     import os
 
@@ -239,18 +252,32 @@ def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | N
     run = RunDir(cfg.resolved_run_dir)
     resolved = resolved_config(cfg)
     check_devices(cfg.trainer)
+    rank = launch_rank()
+    # Before anything is built or written: a second process on this run directory is refused at once.
+    with run.writer_lock(enabled=rank == 0) as lock:
+        return _finetune(cfg, run, resolved, rank=rank, lock=lock, datamodule=datamodule, callbacks=callbacks)
+
+
+def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, lock: WriterLock | None,
+              datamodule: L.LightningDataModule | None, callbacks: Sequence[Callback]) -> Path:
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if datamodule is None:
         datamodule = RecurlenDataModule(cfg.data)
+        if rank == 0:  # a source that cannot be read is said now, not inside the Trainer after config.yaml
+            with user_input():
+                datamodule.prepare_data()
+                datamodule.setup("fit")
     model = build_model(cfg)
     datamodule.check_model_vocab(model.config.vocab_size)
     if cfg.intervention.name == "fitted_noise" and cfg.intervention.fit_stats:  # a bad file: say so before writing
         build_intervention(cfg.intervention, seed=cfg.seed, zero_state=model.zero_state(1, device="cpu")
                            ).load_stats_file()
+    if rank == 0:  # weights and AdamW's two moments
+        check_file_size_limit(3 * sum(p.numel() * p.element_size() for p in model.parameters()),
+                              f"a checkpoint of {cfg.model.name}")
     # Nothing in the run directory changes before this decision (resume.py): which checkpoint, which settings.
-    rank = _launch_rank()
     decision = decide(run, cfg.resume, resolved, model, max_steps=cfg.trainer.max_steps, rank=rank)
     if decision.finished:
         return run.path
@@ -259,7 +286,8 @@ def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | N
     module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
                             train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
                             total_steps=cfg.trainer.max_steps, hparams=resolved)
-    trainer = build_trainer(cfg, run, [*diagnostics_callbacks(cfg, datamodule), *callbacks])
+    guard = [KeepLock(lock)] if lock is not None else []
+    trainer = build_trainer(cfg, run, [*guard, *diagnostics_callbacks(cfg, datamodule), *callbacks])
     ckpt_path = decision.checkpoint
     if ckpt_path:
         rank_zero_info(f"resuming from {ckpt_path} (step {decision.step})")
@@ -304,6 +332,8 @@ def run_fit_noise(cfg: ExperimentConfig, out: str | Path | None = None):
     dm.check_model_vocab(model.config.vocab_size)
     n = cfg.intervention.fit_batches
     stats = fit_noise_stats(model, (dm.train_batch(s) for s in range(n)), num_batches=n, seq_len=cfg.data.seq_len)
-    path = Path(out) if out else RunDir(cfg.resolved_run_dir).fitted_noise
-    stats.save(str(path))
+    run = RunDir(cfg.resolved_run_dir)
+    with contextlib.nullcontext() if out else run.writer_lock():
+        path = Path(out) if out else run.fitted_noise
+        stats.save(str(path))
     return path, stats

@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from recurlen.util.errors import Interrupted
+from recurlen.util.writer_lock import release_all
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Preemption(Callback):
 
     def _handler(self, signum: int, frame) -> None:
         if self.received is not None:  # a second signal: do what the signal normally does, now
+            release_all()  # the run directory's writer lock first: nobody has to wait for it to go stale
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return

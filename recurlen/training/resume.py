@@ -281,6 +281,10 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
     assert ckpt is not None
     old = ckpt.get("hyper_parameters") or run.read_config() or {}
     fixed, changed = config_differences(dict(old), requested)
+    if fixed and explicit:  # the checkpoint named may belong to another run directory, or to none yet
+        raise UserError(f"resume={resume}: that checkpoint was trained with other fixed settings than those asked "
+                        f"for: {'; '.join(map(str, fixed))}; resuming it would mix two runs; keep its settings to "
+                        f"continue it, or leave out resume= to start a new run in {run.path}")
     if fixed:
         raise UserError(f"{run.path} holds a run whose fixed settings differ from those asked for: "
                         f"{'; '.join(map(str, fixed))}; resuming would mix two runs; {_new_run_hint(run)}")

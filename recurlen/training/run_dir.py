@@ -12,6 +12,9 @@ Layout of a run directory (`recurlen finetune` writes it; eval, tasks, the demo 
   tb/                           TensorBoard event files
   fitted_noise.pt               fitted-noise statistics (fitted_noise intervention, `recurlen fit-noise`)
   ranks/rank<r>.json            what each rank trained on (lanes, steps, last loss)
+  writer.lock, writer.json      while a run writes here: its single-writer lock and who holds it (host, pid, since,
+                                heartbeat); taken before anything else is written, removed when the run ends
+                                (recurlen.util.writer_lock). eval and report only read a run: they never need it
 
 Any model recurlen evaluates is loaded through `load_model`: a run directory, one of its .ckpt files (keys
 prefixed "model.", the model config and data facts under RUN_META_KEY), an official-format directory, or a
@@ -20,6 +23,8 @@ hub id in the local cache.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import torch
@@ -31,6 +36,7 @@ from recurlen.models.official import CONFIG_NAME
 from recurlen.util.atomic_files import write_text
 from recurlen.util.errors import UserError
 from recurlen.util.hub import resolve_pretrained_dir
+from recurlen.util.writer_lock import WriterLock, hold
 
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
@@ -87,6 +93,23 @@ class RunDir:
     @property
     def archive(self) -> Path:
         return self.path / ARCHIVE_DIR
+
+    def check_location(self) -> None:
+        """run_dir must be a directory or not exist yet, and not lie under a file (said before anything is built)."""
+        for p in (self.path, *self.path.parents):
+            if p.exists():
+                if not p.is_dir():
+                    where = "is a file" if p == self.path else f"lies under {p}, which is a file"
+                    raise UserError(f"run_dir={self.path} {where}, not a directory; choose another run_dir")
+                return
+
+    def writer_lock(self, *, enabled: bool = True) -> contextlib.AbstractContextManager[WriterLock | None]:
+        """The run's single-writer lock, held for the life of a run by the process that writes it (rank 0);
+        a second process is refused at once, naming the holder. A no-op when not `enabled` (the other ranks)."""
+        if not enabled:
+            return contextlib.nullcontext()
+        self.check_location()
+        return hold(self.path, advice="choose another run_dir")
 
     def rank_summary(self, rank: int) -> Path:
         return self.path / RANKS_DIR / f"rank{rank}.json"
@@ -152,8 +175,24 @@ class RunDir:
         return OmegaConf.to_container(OmegaConf.load(self.config_file), resolve=True)
 
 
+RUNS_DIR = "runs"
+"""Where runs go by default: runs/<name>/<model>-<intervention>."""
+
+
+def check_run_name(name: str) -> None:
+    """A run's name is a folder inside RUNS_DIR; one that leads outside it ('..', an absolute path) is refused."""
+    target = os.path.normpath(os.path.join(RUNS_DIR, name))
+    if target != RUNS_DIR and not target.startswith(RUNS_DIR + os.sep):
+        raise ValueError(f"name={name!r} would put the run in {target}, outside {RUNS_DIR}/: a name is a folder "
+                         f"inside {RUNS_DIR}/ (no '..', not absolute); use run_dir=PATH to put a run elsewhere")
+
+
 def check_resume(resume: str) -> None:
     """'auto', 'never' or the path of a .ckpt file (whether that file exists is checked when the run starts)."""
+    if resume in ("True", "False"):  # resume=yes / no / true / on ... reach here as a yes/no value
+        raise ValueError(f"resume={'yes' if resume == 'True' else 'no'} (a yes/no word) does not say how to resume; "
+                         f"use one of {list(RESUME_CHOICES)} (auto continues the run in run_dir, if any) or the path "
+                         "of a .ckpt file")
     if resume not in RESUME_CHOICES and not str(resume).endswith(".ckpt"):
         raise ValueError(f"resume={resume!r} is not allowed; use one of {list(RESUME_CHOICES)} or the path of a "
                          ".ckpt file")
@@ -259,5 +298,5 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
 
 
 __all__ = ["ARCHIVE_DIR", "CONFIG_FILE", "DAMAGED_SUFFIX", "FITTED_NOISE_FILE", "HISTORY_FILE", "LAST_CHECKPOINT",
-           "RUN_META_KEY", "LoadedModel", "RunDir", "check_resume", "checkpoint_step", "load_checkpoint_file",
-           "load_model", "run_config", "run_dir_of"]
+           "LoadedModel", "RUNS_DIR", "RUN_META_KEY", "RunDir", "check_resume", "check_run_name",
+           "checkpoint_step", "load_checkpoint_file", "load_model", "run_config", "run_dir_of"]

@@ -170,13 +170,14 @@ def check_dotlist(words: Iterable[str], cls: type, *, what: str = "setting", ext
 # ---- help text ---------------------------------------------------------------------------------------------
 
 
-def _fmt_value(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A value as a key=value setting writes it (null, true, [a,b])."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_fmt_value(v) for v in value) + "]"
+        return "[" + ",".join(format_value(v) for v in value) + "]"
     return str(value)
 
 
@@ -197,7 +198,7 @@ def settings_help(cls: type, values: Any = None, *, prefix: str = "", skip: Sequ
         if f.name in _sections(cls):
             nested.append((f, key, value))
             continue
-        rows.append((key, f"{_type_name(cls, f.name)} = {_fmt_value(value)}", docs.get(f.name, "")))
+        rows.append((key, f"{_type_name(cls, f.name)} = {format_value(value)}", docs.get(f.name, "")))
     width_key = max((len(r[0]) for r in rows), default=0)
     width_type = max((len(r[1]) for r in rows), default=0)
     for key, kind, doc in rows:
@@ -238,5 +239,5 @@ def render_help(usage: str, description: str, sections: Sequence[tuple[str, Sequ
     return "\n".join(lines).rstrip() + "\n"
 
 
-__all__ = ["Words", "check_dotlist", "check_key", "field_docs", "render_help", "schema_keys", "settings_help",
-           "split_words", "suggest"]
+__all__ = ["Words", "check_dotlist", "check_key", "field_docs", "format_value", "render_help", "schema_keys",
+           "settings_help", "split_words", "suggest"]

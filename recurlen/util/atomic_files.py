@@ -8,6 +8,7 @@ power cut.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -45,8 +46,9 @@ def _free_bytes(directory: Path) -> int:
         return 1 << 62
 
 
-def _user_error(err: OSError, path: Path) -> UserError | None:
-    """A full disk, a read-only file system or missing permissions: the user's to fix, said in one line."""
+def write_error(err: OSError, path: Path) -> UserError | None:
+    """A full disk, a read-only file system, missing permissions, a file where a directory belongs or the file-size
+    limit: the user's to fix, said in one line."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return UserError(f"no space left on device while writing {path} (nothing was replaced: the files written "
                          "before are intact); free space or choose another run_dir, then rerun: a run resumes from "
@@ -55,7 +57,45 @@ def _user_error(err: OSError, path: Path) -> UserError | None:
         return UserError(f"cannot write {path}: read-only file system; choose a writable run_dir")
     if err.errno in (errno.EACCES, errno.EPERM):
         return UserError(f"cannot write {path}: permission denied; choose a writable run_dir or fix its permissions")
+    if err.errno in (errno.ENOTDIR, errno.EEXIST):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path.parent)
+        return UserError(f"cannot write {path}: {blocker} is a file, not a directory; choose another run_dir")
+    if err.errno == errno.EFBIG:
+        return UserError(f"cannot write {path}: it would exceed the file-size limit ({_size_limit_text()}; nothing "
+                         "was replaced: the files written before are intact); raise it (ulimit -f unlimited), then "
+                         "rerun: a run resumes from its newest checkpoint")
     return None
+
+
+def file_size_limit() -> int | None:
+    """The largest file this process may write (`ulimit -f`), in bytes; None when unlimited."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _size_limit_text() -> str:
+    limit = file_size_limit()
+    return "ulimit -f" if limit is None else f"ulimit -f {limit // 1024}, i.e. {limit / 1e6:.3g} MB"
+
+
+def check_file_size_limit(nbytes: int, what: str) -> None:
+    """A UserError now when `what` (about `nbytes` bytes) could not be written under the file-size limit: said
+    before a run writes anything, not as a failed write hours later."""
+    limit = file_size_limit()
+    if limit is not None and nbytes > limit:
+        raise UserError(f"{what} takes about {nbytes / 1e6:.3g} MB, more than the file-size limit ({_size_limit_text()}"
+                        "); raise it (ulimit -f unlimited) and rerun")
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a failed write's temporary; where that fails too (read-only, a file in the path) the first error is
+    the one to report."""
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
 
 
 TEMPORARY_GLOB = ".*.tmp"
@@ -64,17 +104,19 @@ FOREIGN_STALE_AFTER_S = 6 * 3600.0
 its writer's process cannot be looked up from here."""
 
 
-def _host() -> str:
+def host_name() -> str:
+    """This machine's name as temporaries and the run lock record it (dots become dashes: a name part)."""
     return socket.gethostname().replace(".", "-") or "host"
 
 
 def _temporary(path: Path) -> Path:
     # A name no other writer uses (machine + process id + random), hidden, in the same directory so the rename
     # is atomic; the machine and process let a later run tell a leftover from a write in progress.
-    return path.with_name(f".{path.name}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    return path.with_name(f".{path.name}.{host_name()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (someone else's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -100,7 +142,7 @@ def remove_stale_temporaries(directory: str | os.PathLike, *, now: float | None 
             age = now - tmp.stat().st_mtime
         except FileNotFoundError:
             continue
-        if (not _alive(int(pid))) if host == _host() else age > FOREIGN_STALE_AFTER_S:
+        if (not pid_alive(int(pid))) if host == host_name() else age > FOREIGN_STALE_AFTER_S:
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
@@ -119,20 +161,25 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
         faults.at("rename", path, tmp)
         os.replace(tmp, path)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
-        user = _user_error(err, path)
+        _discard(tmp)
+        user = write_error(err, path)
         if user is None:
             raise
         raise user from err
     except RuntimeError as err:
-        # torch.save reports a short write on a full disk as "unexpected pos N vs M", not as ENOSPC.
-        full = "unexpected pos" in str(err) and _free_bytes(path.parent) < (1 << 20)
-        tmp.unlink(missing_ok=True)
-        if not full:
+        # torch.save reports a short write (a full disk, the file-size limit) as "unexpected pos N vs M", not as
+        # the OSError behind it.
+        _discard(tmp)
+        if "unexpected pos" not in str(err):
             raise
-        raise _user_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path) from err
+        if _free_bytes(path.parent) < (1 << 20):
+            raise write_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path) from err
+        if file_size_limit() is not None:
+            raise write_error(OSError(errno.EFBIG, os.strerror(errno.EFBIG)), path) from err
+        raise UserError(f"writing {path} stopped short ({err}; nothing was replaced: the files written before are "
+                        "intact); check the file system's space, quota and health, then rerun") from err
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise
     _fsync_path(path.parent)
     return path
@@ -170,4 +217,5 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int = 120, tight: bool = F
     return atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=dpi, **extra))
 
 
-__all__ = ["atomic_write", "json_safe", "save_figure", "save_torch", "write_json", "write_text"]
+__all__ = ["atomic_write", "check_file_size_limit", "file_size_limit", "host_name", "json_safe", "pid_alive",
+           "save_figure", "save_torch", "write_json", "write_text"]

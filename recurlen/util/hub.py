@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recurlen.util.errors import UserError
+
 # The files a checkpoint directory may hold (weights in either format, the config, the tokenizer's files).
 HUB_PATTERNS = ["config.json", "pytorch_model.bin", "model.safetensors", "tokenizer*", "special_tokens_map.json",
                 "vocab*", "merges.txt"]
@@ -30,19 +32,29 @@ def resolve_pretrained_dir(path_or_hub_id: str) -> Path:
     try:
         return Path(snapshot_download(path_or_hub_id, allow_patterns=HUB_PATTERNS, local_files_only=True))
     except Exception as cache_err:  # not in the cache
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-        if offline:
-            raise FileNotFoundError(
-                f"{path_or_hub_id!r} is neither a local directory nor in the Hugging Face cache, and "
-                "HF_HUB_OFFLINE=1 forbids downloading it"
-            ) from cache_err
+        if offline():
+            raise not_cached(path_or_hub_id, "HF_HUB_OFFLINE=1 is set, so it is not downloaded") from cache_err
         try:
             return Path(snapshot_download(path_or_hub_id, allow_patterns=HUB_PATTERNS))
         except Exception as err:
-            raise FileNotFoundError(
-                f"{path_or_hub_id!r} is neither a local directory nor in the Hugging Face cache, and downloading "
-                f"it failed ({type(err).__name__}: {err})"
-            ) from err
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise not_cached(path_or_hub_id, f"downloading it failed ({type(err).__name__}: {first})") from err
 
 
-__all__ = ["HUB_PATTERNS", "resolve_pretrained_dir"]
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def not_cached(hub_id: str, why: str) -> UserError:
+    """A hub id missing from the local cache, with where the cache is and how to fill it (compute nodes are often
+    offline: the files are fetched on a machine with network, into the cache this one reads)."""
+    from huggingface_hub import constants
+
+    home = os.environ.get("HF_HOME") or str(Path(constants.HF_HUB_CACHE).parent)
+    return UserError(f"{hub_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}; on a "
+                     f"machine with network run `HF_HOME={home} hf download {hub_id}` (older huggingface_hub: "
+                     f"huggingface-cli download), so that it lands in that cache (HF_HOME) or in a copy of it you "
+                     "point HF_HOME at here; then rerun (with HF_HUB_OFFLINE=1 no download is tried)")
+
+
+__all__ = ["HUB_PATTERNS", "not_cached", "offline", "resolve_pretrained_dir"]

@@ -39,6 +39,7 @@ def test_experiment_help_lists_groups_choices_and_fields_with_type_value_and_mea
 
 def test_every_settings_field_has_a_meaning():
     from recurlen.commands.demo import DemoConfig
+    from recurlen.commands.export import ExportSettings
     from recurlen.evaluation.generation import GenerateConfig
     from recurlen.evaluation.runner import EvalConfig
     from recurlen.training.experiments.schema import ExperimentConfig
@@ -52,7 +53,7 @@ def test_every_settings_field_has_a_meaning():
         for sub in sections.values():
             walk(sub)
 
-    for cls in (ExperimentConfig, DemoConfig, EvalConfig, GenerateConfig, cli.ReportSettings):
+    for cls in (ExperimentConfig, DemoConfig, EvalConfig, GenerateConfig, cli.ReportSettings, ExportSettings):
         walk(cls)
     assert missing == []
 

@@ -98,7 +98,7 @@ def test_bad_config_and_input(checkpoints, seqs, tmp_path):
     with pytest.raises(ValueError, match=r"need 3 held-out sequence\(s\) of at least 256 tokens; found 2 of 4 "
                                          r"\(the longest has 300 tokens\)"):
         run_eval(small_cfg(checkpoints, tmp_path), [seqs[0], seqs[1], seqs[2, :100], seqs[3, :200]])
-    with pytest.raises(ValueError, match=r"does not record its training context; set EvalConfig.train_len"):
+    with pytest.raises(ValueError, match=r"does not record its training context; set train_len= \(EvalConfig"):
         run_eval(small_cfg(checkpoints, tmp_path, train_len=None), seqs)
     fake = tmp_path / "not_recurlen.ckpt"
     torch.save({"state_dict": {"layer.weight": torch.zeros(2, 2)}}, fake)

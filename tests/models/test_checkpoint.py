@@ -94,7 +94,9 @@ def test_hub_id_resolves_through_local_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = Mamba2LM.from_pretrained("state-spaces/mamba2-fixture")
     assert model.config.d_model == 64
-    with pytest.raises(FileNotFoundError, match="neither a local directory nor in the Hugging Face cache"):
+    with pytest.raises(UserError, match=f"'state-spaces/mamba2-absent' is not in the local Hugging Face cache "
+                       f"\\({cache}\\) and HF_HUB_OFFLINE=1 is set.*`HF_HOME=.* hf download "
+                       "state-spaces/mamba2-absent`"):
         Mamba2LM.from_pretrained("state-spaces/mamba2-absent")
 
 

@@ -222,6 +222,32 @@ def test_read_only_run_dir_is_a_clear_error(tmp_path, cache_dir):
 
 
 
+@pytest.mark.skipif(not _mount_tmpfs(Path("/tmp/.recurlen-mount-probe"), "1m"), reason="no tmpfs can be mounted here")
+def test_resuming_on_a_read_only_file_system_is_a_clear_error(tmp_path, cache_dir, reference):
+    _umount(Path("/tmp/.recurlen-mount-probe"))
+    mount = tmp_path / "ro"
+    assert _mount_tmpfs(mount, "20m")
+    try:
+        subprocess.run(["cp", "-a", str(reference), str(mount / "run")], check=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        proc = run(args(mount / "run", cache_dir, steps=STEPS + 10))
+        _one_line_error(proc, f"cannot write {mount / 'run'}/writer.lock: read-only file system")
+    finally:
+        _umount(mount)
+
+
+def test_a_file_size_limit_below_a_checkpoint_is_said_before_anything_is_written(tmp_path, cache_dir, reference):
+    import resource
+
+    out = tmp_path / "run"
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    limit = 500 * 1024  # `ulimit -f 500`; a checkpoint of the nano run is ~0.9 MB
+    proc = subprocess.run(args(out, cache_dir), cwd=REPO, env=env(), capture_output=True, text=True, timeout=600,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard)))
+    _one_line_error(proc, "a checkpoint of nano takes about 0.", "file-size limit (ulimit -f 500", "-f unlimited")
+    assert not out.exists()
+
+
 def _one_line_error(proc, *needles):
     """Exit 2 with a single `recurlen finetune: error: ...` line holding every needle, and no traceback."""
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -117,7 +117,7 @@ def test_stale_temporaries_of_interrupted_writes_are_removed(tmp_path):
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(gone.stdout)  # a process id that no longer runs
-    host = files._host()
+    host = files.host_name()
     leftover = tmp_path / f".last.ckpt.{host}.{dead}.0123abcd.tmp"
     running = tmp_path / f".last.ckpt.{host}.{os.getpid()}.0123abcd.tmp"  # a write in progress (this process)
     foreign_young = tmp_path / f".last.ckpt.other-node.{dead}.0123abcd.tmp"

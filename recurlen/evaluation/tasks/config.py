@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recurlen.training.experiments.schema import ExperimentConfig
+from recurlen.training.run_dir import RUNS_DIR
 
 TASKS = ("passkey", "babilong", "copying")
 LOSS_ON = ("answer", "all")
@@ -227,7 +228,7 @@ class TaskExperimentConfig(ExperimentConfig):
     def resolved_run_dir(self) -> str:
         if not self.run_dir and self.task.name == "copying":
             # The sweep trains every intervention of task.copying.interventions, each in a directory below this.
-            return f"runs/{self.name}/{self.model.name}"
+            return f"{RUNS_DIR}/{self.name}/{self.model.name}"
         return super().resolved_run_dir
 
 

@@ -25,7 +25,7 @@ from recurlen.evaluation.tasks.common import tensorboard_log
 from recurlen.evaluation.tasks.config import TASKS, TaskExperimentConfig
 from recurlen.evaluation.tasks.datamodules import build_task_datamodule
 from recurlen.training.experiments.compose import resolved_config
-from recurlen.training.finetune import run_finetune
+from recurlen.training.finetune import launch_rank, run_finetune
 from recurlen.training.interventions import InterventionConfig
 from recurlen.training.run_dir import RunDir, load_model
 from recurlen.util.atomic_files import save_figure, write_json
@@ -273,7 +273,9 @@ def run_task(cfg: TaskExperimentConfig) -> Path:
     """Train (task.train) and evaluate cfg.task.name; returns the path of results.json."""
     if cfg.task.name not in RUNNERS:
         raise ValueError(f"task.name={cfg.task.name!r} is not a task to run; allowed: {list(TASKS)}")
-    return RUNNERS[cfg.task.name](cfg)
+    # Training and the evaluation written after it are one run: the writer lock covers both.
+    with RunDir(cfg.resolved_run_dir).writer_lock(enabled=launch_rank() == 0):
+        return RUNNERS[cfg.task.name](cfg)
 
 
 __all__ = ["RUNNERS", "babilong_cells", "eval_lengths", "run_babilong", "run_copying", "run_passkey", "run_task",

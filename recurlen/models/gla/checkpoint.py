@@ -9,6 +9,8 @@ from recurlen.models.official import SAFETENSORS_NAME, OfficialFormat
 
 GLA_FORMAT = OfficialFormat(weights=SAFETENSORS_NAME, embedding_key="model.embeddings.weight",
                             tie_flag="tie_word_embeddings",
-                            aliases={"model.embed_tokens.weight": "model.embeddings.weight"})
+                            aliases={"model.embed_tokens.weight": "model.embeddings.weight"}, library="fla",
+                            loading="import fla; from transformers import AutoModelForCausalLM; "
+                                    "model = AutoModelForCausalLM.from_pretrained(DIR)")
 
 __all__ = ["GLA_FORMAT"]

@@ -31,6 +31,7 @@ from recurlen.models.mamba1.config import Mamba1Config
 from recurlen.models.mamba1.kernels import KERNELS
 from recurlen.models.mamba1.scan import selective_scan_chunked, selective_scan_step
 from recurlen.models.mamba1.state import Mamba1State
+from recurlen.models.mamba1.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
 
 
@@ -119,6 +120,7 @@ class Mamba1LM(MixerModelLM):
     state_cls = Mamba1State
     kernels = KERNELS
     mixer_cls = Mamba1Mixer
+    transformers = TRANSFORMERS_FORMAT
 
 
 __all__ = ["Mamba1LM", "Mamba1Mixer"]

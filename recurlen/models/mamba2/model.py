@@ -30,6 +30,7 @@ from recurlen.models.mamba2.config import Mamba2Config
 from recurlen.models.mamba2.kernels import KERNELS
 from recurlen.models.mamba2.scan import ssd_chunked, ssd_step
 from recurlen.models.mamba2.state import RecurrentState
+from recurlen.models.mamba2.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
 
 # The scan's result does not depend on the chunk length, only its cost does: inside a chunk the work is
@@ -143,6 +144,7 @@ class Mamba2LM(MixerModelLM):
     state_cls = RecurrentState
     kernels = KERNELS
     mixer_cls = Mamba2Mixer
+    transformers = TRANSFORMERS_FORMAT
 
 
 __all__ = ["Mamba2LM", "Mamba2Mixer"]

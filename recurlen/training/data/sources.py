@@ -126,12 +126,17 @@ def open_dataset(source: Source, cfg: DataConfig) -> Any:
         # Text files: a file is a document; undecodable bytes become U+FFFD rather than an error.
         kwargs = dict(sample_by="document", keep_linebreaks=True, encoding_errors="replace") \
             if source.builder == "text" else {}
+        quiet = logging.getLogger("datasets")  # its own error log would repeat the cause reported below
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
         try:
             ds = datasets.load_dataset(source.builder, data_files=files, split="train", streaming=cfg.streaming,
                                        cache_dir=str(cfg.cache_root / "hf-datasets"), **kwargs)
         except (datasets.exceptions.DatasetsError, StopIteration) as err:
             raise ValueError(f"source={cfg.source!r}: datasets could not read these {source.builder} files: "
-                             f"{err}") from err
+                             f"{_innermost(err)}; fix or remove the file(s)") from err
+        finally:
+            quiet.setLevel(level)
     elif source.kind == "disk":
         ds = datasets.load_from_disk(source.location)
         if isinstance(ds, datasets.DatasetDict):
@@ -160,6 +165,19 @@ def open_dataset(source: Source, cfg: DataConfig) -> Any:
     if cfg.max_documents is not None and cfg.max_documents < len(ds):
         ds = ds.select(range(cfg.max_documents))
     return ds
+
+
+def _innermost(err: BaseException) -> str:
+    """The first line of the error at the bottom of the chain (what was wrong with the file, not which layer
+    noticed)."""
+    seen = [err]
+    while (nxt := seen[-1].__cause__ or seen[-1].__context__) is not None and nxt not in seen:
+        seen.append(nxt)
+    for e in reversed(seen):
+        text = str(e).strip()
+        if text:
+            return text.splitlines()[0]
+    return type(err).__name__
 
 
 def check_columns(columns: list[str], cfg: DataConfig) -> None:

@@ -10,7 +10,7 @@ from recurlen.models.backends import BACKENDS
 from recurlen.training.data.config import DataConfig
 from recurlen.training.interventions import INTERVENTIONS, InterventionConfig
 from recurlen.training.optim import OptimConfig
-from recurlen.training.run_dir import check_resume
+from recurlen.training.run_dir import RUNS_DIR, check_resume, check_run_name
 
 GROUPS = ("model", "intervention", "data", "trainer")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
@@ -163,10 +163,12 @@ class ExperimentConfig:
     def resolved_run_dir(self) -> str:
         if self.run_dir:
             return self.run_dir
-        return f"runs/{self.name}/{self.model.name}-{self.intervention.name}"
+        return f"{RUNS_DIR}/{self.name}/{self.model.name}-{self.intervention.name}"
 
     def __post_init__(self) -> None:
         check_resume(self.resume)
+        if not self.run_dir:  # the name is part of the default run directory
+            check_run_name(self.name)
 
     def validate(self) -> None:
         """Rules that span sections."""

@@ -1,0 +1,212 @@
+"""Operator faults that used to end in a traceback: each is one line naming the problem and the fix (exit 2, no
+traceback), said before anything is written in the run directory (or the eval's output directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recurlen.commands import cli
+from recurlen.models import registry
+from recurlen.util import atomic_files
+
+pytestmark = pytest.mark.usefixtures("cli_logs")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def finetune(run_dir, cache_dir, *extra) -> list[str]:
+    return ["finetune", "model=nano", "intervention=state_passing", "data.seq_len=16", "data.batch_size=4",
+            "data.val_segments=0", "data.val_sequences=0", "data.max_documents=60", f"data.cache_dir={cache_dir}",
+            "diagnostics.positionwise=false", "diagnostics.state_norm=false", "trainer.accelerator=cpu",
+            "trainer.num_threads=1", "trainer.progress_bar=false", "trainer.max_steps=2", f"run_dir={run_dir}",
+            *extra]
+
+
+def one_line_error(capsys, argv, *needles) -> str:
+    rc = cli.main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert errors[0].startswith(f"recurlen {argv[0]}: error: ")
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def official(tmp_path_factory) -> Path:
+    """The nano Mamba-2 model as an official-format directory."""
+    a = registry.get("mamba2")
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("official") / "nano"
+    a.build(a.preset("nano"), backend="torch").save_pretrained(str(out))
+    return out
+
+
+def test_a_run_dir_that_is_a_file_or_lies_under_one(tmp_path, cache_dir, capsys):
+    afile = tmp_path / "config.yaml"
+    afile.write_text("seed: 0\n")
+    one_line_error(capsys, finetune(afile, cache_dir), f"run_dir={afile} is a file, not a directory; choose another")
+    one_line_error(capsys, finetune(afile / "run", cache_dir), f"run_dir={afile / 'run'} lies under {afile}, which "
+                   "is a file")
+    assert afile.read_text() == "seed: 0\n" and sorted(os.listdir(tmp_path)) == ["config.yaml"]
+
+
+@pytest.mark.parametrize(("name", "content", "needles"), [
+    ("empty.txt", "", ("is empty: its 1 file(s) hold no bytes",)),
+    ("notext.jsonl", '{"body": "hello"}\n', ("text_field='text' is not a field of source=", "its fields: ['body']")),
+    ("bad.jsonl", '{"text": "hello"\n{oops\n', ("datasets could not read these json files: ", "fix or remove")),
+], ids=["empty-txt", "jsonl-without-text", "malformed-jsonl"])
+def test_unreadable_data_is_said_before_the_run_directory_is_written(tmp_path, cache_dir, capsys, name, content,
+                                                                     needles):
+    source = tmp_path / name
+    source.write_text(content)
+    run = tmp_path / "run"
+    one_line_error(capsys, finetune(run, cache_dir, f"data.source={source}"), f"source='{source}'", *needles)
+    assert not run.exists()
+
+
+def test_a_checkpoint_larger_than_the_file_size_limit_is_said_first(tmp_path, cache_dir, capsys, monkeypatch):
+    monkeypatch.setattr(atomic_files, "file_size_limit", lambda: 500 * 1024)
+    run = tmp_path / "run"
+    one_line_error(capsys, finetune(run, cache_dir), "a checkpoint of nano takes about 0.", "MB, more than the "
+                   "file-size limit (ulimit -f 500, i.e. 0.512 MB); raise it (ulimit -f unlimited) and rerun")
+    assert not run.exists()
+
+
+def test_a_write_over_the_file_size_limit_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(atomic_files, "file_size_limit", lambda: 1024)
+
+    def short_write(path):
+        raise RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 1024 vs 918")
+
+    with pytest.raises(atomic_files.UserError, match=r"cannot write .*last.ckpt: it would exceed the file-size limit "
+                                                     r"\(ulimit -f 1, .*\); raise it \(ulimit -f unlimited\)"):
+        atomic_files.atomic_write(tmp_path / "last.ckpt", short_write)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_name_that_leads_outside_runs_is_refused(tmp_path, cache_dir, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    words = [w for w in finetune("x", cache_dir) if not w.startswith("run_dir=")]
+    one_line_error(capsys, [*words, "name=../../escape"], "name='../../escape' would put the run in ../escape, "
+                   "outside runs/", "use run_dir=PATH")
+    assert os.listdir(tmp_path) == [] and not (tmp_path.parent / "escape").exists()
+    assert cli.main([*words, "name=a/b", "--dry-run"]) == 0  # a folder inside runs/ is fine
+    assert "runs/a/b/nano-state_passing" in capsys.readouterr().out
+
+
+def test_resume_with_a_yes_no_word_and_another_runs_checkpoint_say_what_they_mean(tmp_path, cache_dir, capsys):
+    one_line_error(capsys, finetune(tmp_path / "x", cache_dir, "resume=yes"), "resume=yes (a yes/no word) does not "
+                   "say how to resume; use one of ['auto', 'never', 'archive']")
+    assert cli.main(finetune(tmp_path / "a", cache_dir)) == 0
+    capsys.readouterr()
+    ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    line = one_line_error(capsys, finetune(tmp_path / "xc", cache_dir, f"resume={ckpt}", "seed=1"),
+                          f"resume={ckpt}: that checkpoint was trained with other fixed settings than those asked "
+                          "for: seed 0 -> 1", f"leave out resume= to start a new run in {tmp_path / 'xc'}")
+    assert "holds a run" not in line and not (tmp_path / "xc").exists()
+
+
+@pytest.fixture
+def no_hub(tmp_path, monkeypatch):
+    """An empty Hugging Face cache, offline."""
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path / "hf"
+
+
+@pytest.mark.parametrize(("argv", "hub_id"), [
+    (["finetune", "model=780m", "trainer.accelerator=cpu"], "EleutherAI/gpt-neox-20b"),  # its tokenizer, read first
+    (["eval", "state-spaces/mamba2-780m"], "state-spaces/mamba2-780m"),
+    (["generate", "--checkpoint", "state-spaces/mamba2-130m"], "state-spaces/mamba2-130m"),
+], ids=["finetune", "eval", "generate"])
+def test_a_hub_id_missing_from_the_cache_says_how_to_fetch_it(tmp_path, capsys, no_hub, argv, hub_id):
+    out = tmp_path / "out"
+    argv = [*argv, f"run_dir={out}"] if argv[0] == "finetune" else [*argv, "--out", str(out)] \
+        if argv[0] == "eval" else argv
+    one_line_error(capsys, argv, f"'{hub_id}' is not in the local Hugging Face cache ({no_hub / 'hub'}) and "
+                   "HF_HUB_OFFLINE=1 is set", f"`HF_HOME={no_hub} hf download {hub_id}`", "(HF_HOME)")
+    assert not out.exists()
+
+
+def test_a_failed_download_is_one_line_too(no_hub, monkeypatch):
+    import huggingface_hub
+
+    from recurlen.util.hub import resolve_pretrained_dir
+
+    def unreachable(repo_id, **kwargs):
+        raise OSError("Name or service not known\nsecond line")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    with pytest.raises(atomic_files.UserError, match=r"and downloading it failed \(OSError: Name or service not "
+                                                     r"known\); on a machine with network run `HF_HOME="):
+        resolve_pretrained_dir("state-spaces/mamba2-130m")
+
+
+def test_eval_of_an_official_directory_uses_its_own_length_and_count(tmp_path, cache_dir, capsys, official):
+    """The held-out data serves the eval's seq_len / num_sequences (not a training run's 16 x 1024), and EffRem's
+    default context (4T) is fitted to the sequences when they are shorter."""
+    from recurlen.evaluation.heldout import build_data_config, heldout_sequences
+
+    out = tmp_path / "eval"
+    data = ["data.max_documents=60", "data.val_fraction=0.1", f"data.cache_dir={cache_dir}"]
+    with pytest.raises(atomic_files.UserError, match="cannot give 16 sequence"):  # what the data group validates
+        heldout_sequences(build_data_config(str(official), None, data), length=1024, num=16)
+    assert cli.main(["eval", f"x={official}", "seq_len=64", "num_sequences=2", "train_len=32", "tasks=[effrem]",
+                     "effrem_points=3", "progress=false", *data, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert json.loads((out / "results.json").read_text())["runs"][0]["effrem"]["T"] == 64
+    one_line_error(capsys, ["eval", f"x={official}", "seq_len=64", "num_sequences=2", "train_len=32", "effrem_len=200",
+                            "tasks=[effrem]", *data, "--out", str(tmp_path / "e2")],
+                   "EffRem with a context of 200 tokens needs held-out sequences that long; they hold 64 (seq_len): "
+                   "raise seq_len to 200 or more, set effrem_len between train_len=32 and 64")
+    one_line_error(capsys, ["eval", f"x={official}", "seq_len=100000", "num_sequences=2", "train_len=32", *data,
+                            "--out", str(tmp_path / "e3")],
+                   "the held-out data cannot give 2 sequence(s) of seq_len=100000 tokens: ", "lower seq_len or "
+                   "num_sequences")
+    assert not (tmp_path / "e2").exists() and not (tmp_path / "e3").exists()
+
+
+def test_eval_of_a_damaged_official_directory(tmp_path, capsys, official):
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "config.json").write_text("{not json")
+    one_line_error(capsys, ["eval", f"x={junk}", "train_len=32", "--out", str(tmp_path / "e1")],
+                   f"{junk / 'config.json'} is not valid JSON (", "write or download it again")
+    head = tmp_path / "head"
+    head.mkdir()
+    for f in official.iterdir():
+        (head / f.name).write_bytes(f.read_bytes())
+    state = torch.load(head / "pytorch_model.bin", weights_only=True)
+    state["lm_head.weight"] = torch.cat([state["lm_head.weight"], state["lm_head.weight"][:1]])
+    torch.save(state, head / "pytorch_model.bin")
+    rows, width = state["backbone.embedding.weight"].shape
+    one_line_error(capsys, ["eval", f"x={head}", "train_len=32", "--out", str(tmp_path / "e2")],
+                   f"tie_embeddings is true but lm_head.weight has shape ({rows + 1}, {width}) and "
+                   f"backbone.embedding.weight ({rows}, {width})")
+
+
+def test_the_command_prints_no_traceback_for_unreadable_data(tmp_path, cache_dir):
+    """The real command line: datasets' own error log is silenced, its reason is in the one line."""
+    source = tmp_path / "bad.jsonl"
+    source.write_text('{"text": "hello"\n{oops\n')
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "recurlen", *finetune(run, cache_dir, f"data.source={source}")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "Generating train split" not in line]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0].startswith(f"recurlen finetune: error: source='{source}': datasets could not read")
+    assert not run.exists()
