@@ -94,7 +94,9 @@ def interrupt_during_training(cmd, signum, *, seed, to_child=False, **env_extra)
         head.append(line)
         if "writes a checkpoint after the current step" in line:
             break
-    time.sleep(random.Random(seed).uniform(0.0, 0.5))
+    # Early in the run (a nano run of STEPS steps can finish within half a second on an idle machine): a signal
+    # that came after the last step would test nothing, and the run would end by it instead of resuming.
+    time.sleep(random.Random(seed).uniform(0.0, 0.1))
     target = proc.pid
     if to_child:
         kids = _children(proc.pid)
