@@ -87,8 +87,15 @@ def cmd_finetune(w: Words) -> int:
     if w.dry_run:
         return _dry(plan)
     from recurlen.training.finetune import run_finetune
+    from recurlen.util.errors import NonFinite
 
-    run_dir = run_finetune(cfg)
+    try:
+        run_dir = run_finetune(cfg)
+    except NonFinite as err:  # the advice as the exact command that follows it
+        if not err.overrides:
+            raise
+        raise NonFinite(err.what, step=err.step, elsewhere=err.elsewhere, overrides=err.overrides,
+                        advice=f"{err.advice}: {err.command('recurlen finetune', w.words)}") from None
     log.info("run directory: %s (tensorboard --logdir %s)", run_dir, run_dir)
     return 0
 

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from recurlen.models import registry
 from recurlen.models.interface import RecurrentLM
 from recurlen.training.data.datamodule import RecurlenDataModule
+from recurlen.training.divergence import SkipBatches, StepHealth, model_default_lr, plan_recovery, with_lr
 from recurlen.training.experiments.compose import resolved_config
 from recurlen.training.experiments.schema import ExperimentConfig
 from recurlen.training.fault_injection import InjectNonFinite
@@ -27,7 +28,7 @@ from recurlen.training.interventions import FittedNoise, build_intervention, fit
 from recurlen.training.lit_module import RecurlenModule
 from recurlen.training.preemption import Preemption
 from recurlen.training.progress_bar import StepProgressBar
-from recurlen.training.resume import decide, newest_finite_checkpoint, record
+from recurlen.training.resume import decide, record
 from recurlen.training.run_dir import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
 from recurlen.util.atomic_files import check_file_size_limit, save_torch, write_json
 from recurlen.util.errors import Interrupted, NonFinite, UserError, user_input
@@ -283,24 +284,49 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
         return run.path
     if rank == 0:
         record(run, resolved, decision)
-    module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
-                            train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
-                            total_steps=cfg.trainer.max_steps, hparams=resolved)
     guard = [KeepLock(lock)] if lock is not None else []
-    trainer = build_trainer(cfg, run, [*guard, *diagnostics_callbacks(cfg, datamodule), *callbacks])
-    ckpt_path = decision.checkpoint
-    if ckpt_path:
-        rank_zero_info(f"resuming from {ckpt_path} (step {decision.step})")
-        io = trainer.strategy.checkpoint_io
-        if isinstance(io, AtomicCheckpointIO) and decision.loaded is not None:
-            io.preload(ckpt_path, decision.loaded)
-        decision.loaded = None
-    try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-    except NonFinite as err:  # add where to resume from: the newest checkpoint that really is finite
-        newest = newest_finite_checkpoint(run)
-        path, step = newest if newest else (None, None)
-        raise err.with_checkpoint(path, step, lr=cfg.optim.lr) from None
+    extra: list[Callback] = []
+    rollbacks = 0
+    while True:
+        module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
+                                train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
+                                total_steps=cfg.trainer.max_steps, hparams=resolved)
+        health = StepHealth()
+        trainer = build_trainer(cfg, run, [*guard, health, *extra, *diagnostics_callbacks(cfg, datamodule),
+                                           *callbacks])
+        ckpt_path = decision.checkpoint
+        if ckpt_path:
+            rank_zero_info(f"resuming from {ckpt_path} (step {decision.step})")
+            io = trainer.strategy.checkpoint_io
+            if isinstance(io, AtomicCheckpointIO) and decision.loaded is not None:
+                io.preload(ckpt_path, decision.loaded)
+            decision.loaded = None
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            break
+        except NonFinite as err:
+            # Where the divergence began and the newest checkpoint from before it (later ones are diverged too).
+            recovery = plan_recovery(run, health.history(), failed_step=err.step, lr=cfg.optim.lr,
+                                     default_lr=model_default_lr(cfg))
+            advised = err.with_advice(recovery.describe(), recovery.overrides())
+            if cfg.trainer.on_nonfinite != "rollback" or rollbacks >= cfg.trainer.max_rollbacks:
+                raise advised from None
+            if trainer.world_size > 1:  # every rank would have to agree on the files first: not done automatically
+                raise advised.with_advice(f"{recovery.describe()} (on_nonfinite=rollback runs in one process only)",
+                                          recovery.overrides()) from None
+            rollbacks += 1
+            log.warning("%s at global step %d: rollback %d of %d: %s", err.what, err.step, rollbacks,
+                        cfg.trainer.max_rollbacks, recovery.describe())
+            cfg, resolved = with_lr(cfg, recovery.lr)
+            L.seed_everything(cfg.seed, workers=True, verbose=False)
+            model = build_model(cfg)  # the starting weights again; a rollback's checkpoint replaces them
+            decision = decide(run, recovery.checkpoint or "archive", resolved, model,
+                              max_steps=cfg.trainer.max_steps, rank=rank)
+            if rank == 0:
+                record(run, resolved, decision, note=recovery.history_entry())
+            # A rollback skips the batches that led into the divergence (the data goes on after the step that
+            # failed); starting over reads the data from its start again.
+            extra = [SkipBatches(err.step + 1 if recovery.checkpoint else 0)]
     fitted = module.intervention
     if isinstance(fitted, FittedNoise) and fitted.stats is not None and trainer.is_global_zero:
         fitted.stats.save(str(run.fitted_noise))

@@ -55,6 +55,7 @@ class RecurlenModule(L.LightningModule):
         if hparams is not None:
             self.save_hyperparameters(hparams)  # the resolved experiment config, kept in every checkpoint
         self._t_last: float | None = None
+        self.last_grad_norm: torch.Tensor | None = None
 
     def ranks(self) -> Ranks:
         """This process's place among the run's ranks, and the collectives an intervention may need."""
@@ -134,6 +135,7 @@ class RecurlenModule(L.LightningModule):
         if norms:
             total = torch.stack(norms).norm()
             self.log("train/grad_norm", total, batch_size=1)
+            self.last_grad_norm = total.detach()  # kept per step by divergence.StepHealth (read on the host lazily)
             # Before the update: a non-finite gradient would make every weight it touches non-finite. Under
             # 16-mixed the gradient scaler skips such steps itself.
             if not str(self.trainer.precision).startswith("16") and not torch.isfinite(total):

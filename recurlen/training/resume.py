@@ -346,9 +346,10 @@ def _fresh(run: RunDir, resume: str, rank: int) -> Decision:
     return Decision(archived_to=str(target))
 
 
-def record(run: RunDir, resolved: dict, decision: Decision) -> None:
+def record(run: RunDir, resolved: dict, decision: Decision, *, note: dict | None = None) -> None:
     """After the decision: config.yaml holds what the run uses now; config_history.yaml says when it started and
-    what every resume changed. Rank 0 only; nothing is written for a finished run that trains nothing."""
+    what every resume changed (and `note`, e.g. why an automatic rollback happened). Rank 0 only; nothing is
+    written for a finished run that trains nothing."""
     if decision.finished:
         return
     entry: dict[str, Any] = {"time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -366,6 +367,8 @@ def record(run: RunDir, resolved: dict, decision: Decision) -> None:
         entry = {}
     if decision.moved_aside:
         entry["moved_aside_as_damaged"] = list(decision.moved_aside)
+    if note:
+        entry = {"time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), **entry, **note}
     if entry:
         history = []
         if run.history_file.is_file():

@@ -63,26 +63,32 @@ class NonFinite(UserError):
     """Training produced a NaN or an infinity: stopped before that step's update or any checkpoint of it.
 
     Raised where the value appears (the loss, a gradient, the carried state, the weights about to be saved)
-    with the step and what went non-finite; `recurlen.training.finetune` adds the newest checkpoint that is finite and
-    the advice to resume from it with a lower learning rate (`with_checkpoint`)."""
+    with the step and what went non-finite; `recurlen.training.finetune` adds where to go back to (the newest
+    checkpoint from before the divergence began, recurlen.training.divergence) and the settings that do it
+    (`with_advice`), which the command line turns into the exact command to run."""
 
-    def __init__(self, what: str, *, step: int, advice: str = "", elsewhere: bool = False) -> None:
+    def __init__(self, what: str, *, step: int, advice: str = "", elsewhere: bool = False,
+                 overrides: tuple[str, ...] = ()) -> None:
         self.what = what
         self.step = step
         self.elsewhere = elsewhere
         """Under DDP: the value went non-finite on another rank; that rank says what, this one stops quietly."""
+        self.advice = advice
+        self.overrides = tuple(overrides)
+        """key=value settings that carry out the advice (replacing the same keys of the command that failed)."""
         text = f"{what} at global step {step}; training stopped and no checkpoint holds it"
         super().__init__(f"{text}; {advice}" if advice else text)
 
-    def with_checkpoint(self, checkpoint: str | None, checkpoint_step: int | None, lr: float) -> NonFinite:
-        lower = f"optim.lr={lr / 4:.3g}"
-        if checkpoint is None:
-            advice = (f"no finite checkpoint exists yet: rerun with a lower learning rate (e.g. {lower}), which starts "
-                      "over")
-        else:
-            advice = (f"the newest finite checkpoint is {checkpoint} (step {checkpoint_step}): rerun the same command "
-                      f"with a lower learning rate (e.g. {lower}; resume=auto continues from it)")
-        return NonFinite(self.what, step=self.step, advice=advice, elsewhere=self.elsewhere)
+    def with_advice(self, advice: str, overrides: list[str] | tuple[str, ...] = ()) -> NonFinite:
+        return NonFinite(self.what, step=self.step, advice=advice, elsewhere=self.elsewhere, overrides=tuple(overrides))
+
+    def command(self, program: str, words: list[str]) -> str:
+        """The command that follows the advice: `words` with the advice's settings in place of their own."""
+        import shlex
+
+        keys = {o.split("=", 1)[0] for o in self.overrides}
+        kept = [w for w in words if w.split("=", 1)[0] not in keys and w not in ("--dry-run",)]
+        return shlex.join([*program.split(), *kept, *self.overrides])
 
 
 def debug_requested(argv: list[str]) -> bool:

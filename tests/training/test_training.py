@@ -305,9 +305,10 @@ class PoisonAt(L.Callback):
 
 def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, experiment):
     cfg = experiment(tmp_path / "run", *RUN, "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2")
-    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    with pytest.raises(NonFinite, match=r"non-finite training loss \(nan\) at global step 3; .* the newest finite "
-                       f"checkpoint is {last} \\(step 2\\): rerun .* optim.lr=0.00025"):
+    step2 = tmp_path / "run" / "checkpoints" / "step=000002.ckpt"
+    with pytest.raises(NonFinite, match=r"non-finite training loss \(nan\) at global step 3; .*the steps before 3 "
+                       rf"were healthy; the newest checkpoint from before it is {step2} \(step 2\): resume from it "
+                       r"with a lower rate \(optim.lr=0.00025 instead of 0.001\)"):
         run_finetune(cfg, callbacks=[PoisonAt(3)])
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 2

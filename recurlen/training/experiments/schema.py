@@ -15,6 +15,7 @@ from recurlen.training.run_dir import RUNS_DIR, check_resume, check_run_name
 GROUPS = ("model", "intervention", "data", "trainer")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", "single_device")
+ON_NONFINITE = ("stop", "rollback")
 
 
 @dataclass
@@ -86,6 +87,12 @@ class TrainerSection:
     """Under SLURM, requeue the job on the pre-emption signal; it resumes from last.ckpt."""
     deterministic: bool = False
     """torch deterministic algorithms (slower)."""
+    on_nonfinite: str = "stop"
+    """A NaN / infinity in a step: 'stop' (one line naming the checkpoint from before the divergence began and the
+    command that resumes it at a lower rate) or 'rollback' (do that automatically: reload it, lower optim.lr 4x,
+    skip the batches that diverged; each rollback is recorded in config_history.yaml)."""
+    max_rollbacks: int = 3
+    """With on_nonfinite=rollback: stop after this many rollbacks in one invocation."""
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "accumulate_grad_batches", "num_nodes", "limit_val_batches", "log_every_n_steps"):
@@ -94,6 +101,10 @@ class TrainerSection:
         for name in ("val_every_n_steps", "checkpoint_every_n_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0; got {getattr(self, name)}")
+        if self.on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"trainer.on_nonfinite={self.on_nonfinite!r} is unknown; allowed: {list(ON_NONFINITE)}")
+        if self.max_rollbacks < 0:
+            raise ValueError(f"trainer.max_rollbacks must be >= 0; got {self.max_rollbacks}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"trainer.precision={self.precision!r} is unknown; allowed: {list(PRECISIONS)}")
         if self.strategy not in STRATEGIES:
