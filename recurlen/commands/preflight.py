@@ -104,11 +104,12 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
         elif run.run_files() and cfg.resume == "never":
             resume = "will be refused: run_dir holds a run; resume=archive moves it aside"
     elif cfg.resume == "auto":
-        resume = f"resumes from the newest checkpoint, {ckpt}"
+        resume = f"resumes from the furthest-trained intact checkpoint: {ckpt} (the next one if it is damaged)"
     else:
         resume = f"from {cfg.resume}"
     model = (describe_checkpoint(cfg.model.pretrained) if cfg.model.pretrained
-             else f"new {cfg.model.name}: {registry.get(cfg.model.architecture).describe(cfg.model.config)}")
+             else f"new {cfg.model.name}, random initialisation (trained from scratch, model.pretrained unset): "
+                  f"{registry.get(cfg.model.architecture).describe(cfg.model.config)}")
     t = cfg.trainer
     devices = (f"{t.accelerator} x {t.devices} devices x {t.num_nodes} nodes, strategy {t.strategy}, "
                f"precision {t.precision}")
@@ -119,11 +120,27 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
              f"intervention {iv.name}" + (f" (reset_prob {iv.reset_prob})" if iv.name in ("state_passing", "tbptt")
                                           else ""),
              f"training     {t.max_steps} steps, lr {cfg.optim.lr:g}, {devices}"]
+    lines.append(f"memory       {_memory_line(cfg)}")
     task = getattr(cfg, "task", None)  # task experiments only
     if task is not None and task.name:
         lines.append(f"task         {task.name} (train: {str(task.train).lower()}), lengths "
                      f"{list(task.lengths or [])}")
     return [f"recurlen {command}: plan"] + [f"  {line}" for line in lines]
+
+
+def _memory_line(cfg) -> str:
+    """The estimate of recurlen.training.memory for the shape cfg.model names, and whether it fits here."""
+    from recurlen.training import memory
+
+    if cfg.model.pretrained and cfg.model.name == "custom":
+        return "estimated when the model is loaded (its shape is in the checkpoint)"
+    est = memory.for_experiment(cfg)
+    available = memory.available_bytes(est.device)
+    if available is None:
+        return est.describe()
+    verdict = "fits" if est.total <= available else "does NOT fit: the run will refuse to start"
+    return (f"{est.describe()}; {memory.size_text(available)} available here: {verdict}"
+            + (f" (about {est.lanes_that_fit(available)} lanes would)" if est.total > available else ""))
 
 
 __all__ = ["describe_checkpoint", "describe_data", "describe_tokenizer", "experiment_plan", "looks_like_hub_id"]

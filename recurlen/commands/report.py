@@ -14,27 +14,64 @@ where "reset" scores the same tokens with the state zeroed every T tokens. It re
 differences of content, so:
   full - reset <= tolerance in every bin   -> the run length-generalizes there
   full - reset >= fail_margin in a bin     -> longer context hurts: it fails to length-generalize
+Verdicts and checks compare the value as the report shows it (3 decimals): +0.0504 is shown as +0.050 and
+passes "<= +0.05", rather than a row that reads "+0.050 | MISS".
+
+With several runs the report opens with the comparison figure (recurlen.diagnostics.compare): full - reset and
+loss of every run against position in units of T on shared axes, also a TensorBoard run <out>/compare.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from recurlen.diagnostics.compare import FLAT_TOL
 from recurlen.diagnostics.plots import PLOT_NAMES, results_file, write_plots
 from recurlen.evaluation.tasks.report import check_task_result, is_task_result, strip_private, task_sections
 from recurlen.util.atomic_files import write_json, write_text
 from recurlen.util.errors import UserError
 
-GENERALIZES_TOL = 0.05
+GENERALIZES_TOL = FLAT_TOL
 """full - reset at most this (nats) counts as no harm from the longer context."""
 FAILS_MARGIN = 0.3
 """full - reset at least this (nats) counts as a clear failure."""
 USES_CONTEXT_REL = 0.1
 """A run uses its context if its loss in [T,2T) is at least this fraction below the unigram loss."""
+
+
+SHOWN_DECIMALS = 3
+"""Numbers in report.md have 3 decimals; verdicts and checks compare those shown values."""
+CHECK_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt,
+             "abs<=": lambda value, limit: abs(value) <= limit}
+
+
+def shown(value: float | None) -> float | None:
+    """The value as the report prints it (rounded to SHOWN_DECIMALS), the one a reader checks the verdict against."""
+    return None if value is None else float(format(value, f".{SHOWN_DECIMALS}f"))
+
+
+def threshold_check(text: str, value: float | None, op: str, threshold: float) -> dict:
+    """One row of a report's Checks: passed when the value as shown satisfies `op threshold` (None never passes).
+
+    write_report re-derives "passed" of every check that carries op and threshold, so a check and the value
+    printed next to it always agree."""
+    if op not in CHECK_OPS:
+        raise ValueError(f"check op {op!r} is unknown; allowed: {list(CHECK_OPS)}")
+    value_shown = shown(value)
+    return {"check": text, "value": value, "op": op, "threshold": threshold,
+            "passed": value_shown is not None and bool(CHECK_OPS[op](value_shown, threshold))}
+
+
+def _consistent(check: dict) -> dict:
+    if "op" in check and "threshold" in check:
+        return {**check, "passed": threshold_check(check["check"], check["value"], check["op"],
+                                                   check["threshold"])["passed"]}
+    return check
 
 
 def bins_of(run: dict) -> list[dict]:
@@ -79,8 +116,8 @@ def run_verdict(run: dict, *, up_to_multiple: float | None = None) -> dict:
     if not rows:
         return {"label": run["label"], "measured": False, "text": f"{run['label']}: no reset control was run"}
     worst = max(rows, key=lambda r: r["full_minus_reset"])
-    first_fail = next((r for r in rows if r["full_minus_reset"] >= FAILS_MARGIN), None)
-    generalizes = all(r["full_minus_reset"] <= GENERALIZES_TOL for r in rows)
+    first_fail = next((r for r in rows if shown(r["full_minus_reset"]) >= FAILS_MARGIN), None)
+    generalizes = all(shown(r["full_minus_reset"]) <= GENERALIZES_TOL for r in rows)
     span = rows[-1]["name"].split(",")[-1].rstrip(")")
     if generalizes:
         text = (f"{run['label']}: length-generalizes up to {span} (full - reset <= +{GENERALIZES_TOL} in every bin; "
@@ -173,7 +210,7 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     out.mkdir(parents=True, exist_ok=True)
     plots = write_plots(runs, out) if runs else []
     verdicts = [run_verdict(r) for r in runs]
-    checks = checks(runs) if checks and runs else []
+    checks = [_consistent(c) for c in checks(runs)] if checks and runs else []
     lines = [f"# {title or 'recurlen report'}", ""]
     if runs:
         T = runs[0].get("train_len")
@@ -212,6 +249,11 @@ def _evaluation_lines(runs: Sequence[dict], verdicts: Sequence[dict], checks: Se
                       plots: Sequence[str]) -> list[str]:
     lines: list[str] = []
     lines += ["## Verdicts", ""] + [f"- {v['text']}" for v in verdicts] + [""]
+    if "compare" in plots:
+        lines += ["## At a glance", "",
+                  "Every run on the same axes, in units of the training context T: a run that length-generalizes "
+                  f"keeps full - reset in or below the grey band (full - reset <= +{GENERALIZES_TOL:g}) past T; one "
+                  "that fails climbs with position.", "", f"![compare]({PLOT_NAMES['compare']})", ""]
     if checks:
         lines += ["## Checks", "", "| check | value | result |", "|---|---|---|"]
         lines += [f"| {c['check']} | {_fmt(c['value'], '+.3f')} | {'PASS' if c['passed'] else 'MISS'} |"
@@ -234,5 +276,5 @@ def _evaluation_lines(runs: Sequence[dict], verdicts: Sequence[dict], checks: Se
         lines += ["## Effective Remembrance", "",
                   "EffRem_T(t) = TV(q(.|x[0:T]), q(.|x[t:T])): how much the prediction at T still depends on the "
                   "first t tokens. Near 0 for small t means distant tokens barely matter.", ""] + eff_lines + [""]
-    lines += ["## Plots", ""] + [f"![{kind}]({PLOT_NAMES[kind]})" for kind in plots] + [""]
+    lines += ["## Plots", ""] + [f"![{kind}]({PLOT_NAMES[kind]})" for kind in plots if kind != "compare"] + [""]
     return lines

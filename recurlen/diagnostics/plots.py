@@ -7,6 +7,9 @@ results.json files compared side by side (baseline vs interventions) in a report
     runs = load_runs(["eval/baseline", "eval/state_passing/results.json"])
     plot_positionwise(runs).savefig("ppl.png")
 
+With several runs the first plot is the comparison (recurlen.diagnostics.compare): full - reset and loss of every
+run on shared axes in units of T, also written as a TensorBoard run <out_dir>/compare.
+
 Figures are matplotlib.figure.Figure objects built without pyplot: no GUI backend, no global
 figure registry to leak memory in a long training run.
 """
@@ -22,11 +25,13 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from recurlen.diagnostics.compare import COMPARE_PNG, assign_colors, plot_comparison, write_comparison_tensorboard
 from recurlen.diagnostics.state_stats import STATE_STATS
 from recurlen.util.atomic_files import save_figure
 
 RESULTS_NAME = "results.json"
 PLOT_NAMES = {
+    "compare": COMPARE_PNG,
     "ppl": "ppl_by_position.png",
     "loss": "loss_by_position.png",
     "full_minus_reset": "full_minus_reset.png",
@@ -79,8 +84,9 @@ def _mark_train_len(ax, runs: Sequence[dict], colors: Sequence[str]) -> None:
             ax.axvline(run["train_len"], color=color, linestyle=":", linewidth=1)
 
 
-def _colors(n: int) -> list[str]:
-    return [f"C{i % 10}" for i in range(n)]
+def _colors(runs: Sequence[dict]) -> list[str]:
+    # The comparison's colours: a run keeps its colour in every plot, and no two runs share one.
+    return assign_colors([str(r.get("label", "run")) for r in runs])
 
 
 def _empty(fig: Figure, ax, what: str) -> Figure:
@@ -104,7 +110,7 @@ def plot_positionwise(runs: Sequence[dict], *, metric: str = "ppl") -> Figure:
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     shown = [r for r in runs if _bin_rows(r)]
-    colors = _colors(len(shown))
+    colors = _colors(shown)
     for run, color in zip(shown, colors):
         rows = _bin_rows(run)
         ax.plot(_bin_centers(rows), _values([r[metric] for r in rows]), marker="o", markersize=3, color=color,
@@ -122,7 +128,7 @@ def plot_full_minus_reset(runs: Sequence[dict]) -> Figure:
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     shown = [r for r in runs if _bin_rows(r) and "full_minus_reset" in _bin_rows(r)[0]]
-    colors = _colors(len(shown))
+    colors = _colors(shown)
     for run, color in zip(shown, colors):
         # Within [0,T) the reset changes nothing (full - reset = 0 by construction): the curve starts at T.
         rows = [r for r in _bin_rows(run) if r["end"] > (run.get("train_len") or 0)]
@@ -148,7 +154,7 @@ def plot_state(runs: Sequence[dict], *, stats: Sequence[str] = STATE_STATS) -> F
     fig = Figure(figsize=(6 * cols, 3.6 * math.ceil(len(stats) / cols)), layout="constrained")
     axes = fig.subplots(math.ceil(len(stats) / cols), cols, squeeze=False).ravel()
     shown = [r for r in runs if r.get("state")]
-    colors = _colors(len(shown))
+    colors = _colors(shown)
     for ax, stat in zip(axes, stats):
         for run, color in zip(shown, colors):
             positions = np.array(run["state"]["positions"], dtype=float)
@@ -180,7 +186,7 @@ def plot_effrem(runs: Sequence[dict]) -> Figure:
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     shown = [r for r in runs if r.get("effrem")]
-    for run, color in zip(shown, _colors(len(shown))):
+    for run, color in zip(shown, _colors(shown)):
         eff = run["effrem"]
         ax.plot(eff["t"], _values(eff["effrem"]), marker="o", markersize=3, color=color,
                 label=f"{run.get('label', 'run')} (T={eff['T']})")
@@ -194,6 +200,8 @@ def plot_effrem(runs: Sequence[dict]) -> Figure:
 def figures_for(runs: Sequence[dict]) -> dict[str, Figure]:
     """Every plot for which the runs have data, keyed like PLOT_NAMES."""
     figs: dict[str, Figure] = {}
+    if sum(1 for r in runs if (r.get("positionwise") or {}).get("bins")) > 1:
+        figs["compare"] = plot_comparison(runs)  # several runs: the one figure that compares them, first
     if any(_bin_rows(r) for r in runs):
         figs["ppl"] = plot_positionwise(runs, metric="ppl")
         figs["loss"] = plot_positionwise(runs, metric="loss")
@@ -207,7 +215,11 @@ def figures_for(runs: Sequence[dict]) -> dict[str, Figure]:
 
 
 def write_plots(runs: Sequence[dict], out_dir: str | os.PathLike) -> dict[str, Path]:
-    """All available plots of `runs` as PNGs in out_dir -> {kind: path}."""
+    """All available plots of `runs` as PNGs in out_dir -> {kind: path}; with several runs also the comparison
+    as a TensorBoard run, out_dir/compare (recurlen.diagnostics.compare)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return {kind: save_figure(fig, out / PLOT_NAMES[kind]) for kind, fig in figures_for(runs).items()}
+    figs = figures_for(runs)
+    if "compare" in figs:
+        write_comparison_tensorboard(runs, out)
+    return {kind: save_figure(fig, out / PLOT_NAMES[kind]) for kind, fig in figs.items()}

@@ -86,6 +86,20 @@ def generate_text(cfg: GenerateConfig, *, checkpoint: str | None = None) -> tupl
     tok = load_tokenizer(tok_spec)
     ids = torch.tensor([tok.encode(cfg.prompt)])
     out = greedy_generate(model.eval(), ids, max_new_tokens=cfg.max_new_tokens, stop_ids={tok.eos_id})
-    summary = (f"{ids.shape[1]}-token prompt, {out.shape[1]} new tokens, "
+    kept, reason = stop_reason(out[0].tolist(), max_new_tokens=cfg.max_new_tokens, eos_id=tok.eos_id)
+    summary = (f"{ids.shape[1]}-token prompt, {len(kept)} new tokens ({reason}), "
                f"{model.num_parameters() / 1e6:.2f}M parameters")
-    return cfg.prompt + tok.decode(out[0].tolist()), summary
+    return cfg.prompt + tok.decode(kept), summary
+
+
+def stop_reason(tokens: list[int], *, max_new_tokens: int, eos_id: int | None) -> tuple[list[int], str]:
+    """(the generated tokens before the end-of-text token, why generation stopped), for a user who asked for
+    max_new_tokens and got fewer: the model emitted the end-of-text token, the budget ran out, or neither."""
+    if eos_id is not None and eos_id in tokens:
+        n = tokens.index(eos_id)
+        return tokens[:n], (f"stopped: the model emitted the end-of-text token (id {eos_id}) after {n} of at most "
+                            f"max_new_tokens={max_new_tokens}")
+    if len(tokens) >= max_new_tokens:
+        return tokens, f"stopped: reached max_new_tokens={max_new_tokens}"
+    return tokens, (f"stopped after {len(tokens)} of max_new_tokens={max_new_tokens} without an end-of-text "
+                    "token (the decoder gave no more)")

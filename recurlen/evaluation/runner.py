@@ -3,7 +3,9 @@
     cfg = EvalConfig(checkpoints=["baseline=runs/base", "sp=runs/state_passing"], train_len=2048)
     results = run_eval(cfg, sequences)          # sequences: LongTensor (num, >= L) or list of 1-D
 
-writes <output_dir>/results.json (atomically) and PNG plots comparing the runs.
+writes <output_dir>/results.json (atomically) and PNG plots comparing the runs; with several runs first of all
+compare_full_minus_reset.png (full - reset and loss of every run against position in units of T, on shared
+axes, one colour per run) and the same figure as a TensorBoard run <output_dir>/compare.
 
 results.json:
     {"format": "recurlen.eval/1", "config": {EvalConfig fields}, "device": "cpu",

@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from recurlen.models import registry
 from recurlen.models.interface import RecurrentLM
+from recurlen.training import memory
 from recurlen.training.data.datamodule import RecurlenDataModule
 from recurlen.training.divergence import SkipBatches, StepHealth, model_default_lr, plan_recovery, with_lr
 from recurlen.training.experiments.compose import resolved_config
@@ -125,6 +126,8 @@ def build_model(cfg: ExperimentConfig) -> RecurrentLM:
         loaded = load_model(cfg.model.pretrained, backend=cfg.model.backend)
         rank_zero_info(f"loaded {loaded.source} ({loaded.model.num_parameters() / 1e6:.1f}M parameters)")
         return loaded.model
+    # Said, as the plan says it: `finetune model=tiny` is easily taken for a post-training of a pre-trained model.
+    rank_zero_info(f"model {cfg.model.name}: random initialisation, trained from scratch (model.pretrained unset)")
     torch.manual_seed(cfg.seed)  # the same initialisation on every rank
     return registry.get(cfg.model.architecture).build(cfg.model.config, backend=cfg.model.backend)
 
@@ -234,11 +237,14 @@ def diagnostics_callbacks(cfg: ExperimentConfig, datamodule: L.LightningDataModu
 
 
 def hparams_row(cfg: ExperimentConfig) -> dict[str, object]:
-    """What tells runs apart in TensorBoard's HParams table."""
+    """What tells runs apart in TensorBoard's HParams table: the intervention, and the rest of the setup in one
+    column. TensorBoard shows up to five settings columns of 10em each before the metrics; with one column per
+    setting the full - reset columns started past 1600 px, with two they are in view."""
     iv = cfg.intervention
-    return {"experiment": cfg.name, "model": cfg.model.name, "intervention": iv.name,
-            "reset_prob": iv.reset_prob if iv.name in ("state_passing", "tbptt") else 0.0, "lr": cfg.optim.lr,
-            "max_steps": cfg.trainer.max_steps, "T": cfg.data.seq_len}
+    reset = iv.reset_prob if iv.name in ("state_passing", "tbptt") else 0.0
+    setup = (f"{cfg.trainer.max_steps} steps, lr {cfg.optim.lr:g}, T {cfg.data.seq_len}, {cfg.model.name}"
+             + (f", reset_prob {reset:g}" if reset else "") + f", {cfg.name}")
+    return {"intervention": iv.name, "setup": setup}
 
 
 def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | None = None,
@@ -275,6 +281,11 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
     if cfg.intervention.name == "fitted_noise" and cfg.intervention.fit_stats:  # a bad file: say so before writing
         build_intervention(cfg.intervention, seed=cfg.seed, zero_state=model.zero_state(1, device="cpu")
                            ).load_stats_file()
+    # Before anything is written: a run that cannot fit says so now, not as exit 137 or a CUDA OOM mid-run.
+    est = memory.for_experiment(cfg, model)
+    rank_zero_info(f"memory: {est.describe()}")
+    memory.check_fits(est, already_resident=est.weights if est.device == "cpu" else 0, lanes=cfg.data.batch_size,
+                      seq_len=cfg.data.seq_len)
     if rank == 0:  # weights and AdamW's two moments
         check_file_size_limit(3 * sum(p.numel() * p.element_size() for p in model.parameters()),
                               f"a checkpoint of {cfg.model.name}")

@@ -52,7 +52,7 @@ def write_error(err: OSError, path: Path) -> UserError | None:
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return UserError(f"no space left on device while writing {path} (nothing was replaced: the files written "
                          "before are intact); free space or choose another run_dir, then rerun: a run resumes from "
-                         "its newest checkpoint")
+                         "its furthest-trained intact checkpoint")
     if err.errno == errno.EROFS:
         return UserError(f"cannot write {path}: read-only file system; choose a writable run_dir")
     if err.errno in (errno.EACCES, errno.EPERM):
@@ -63,7 +63,7 @@ def write_error(err: OSError, path: Path) -> UserError | None:
     if err.errno == errno.EFBIG:
         return UserError(f"cannot write {path}: it would exceed the file-size limit ({_size_limit_text()}; nothing "
                          "was replaced: the files written before are intact); raise it (ulimit -f unlimited), then "
-                         "rerun: a run resumes from its newest checkpoint")
+                         "rerun: a run resumes from its furthest-trained intact checkpoint")
     return None
 
 

@@ -148,3 +148,31 @@ def test_state_plot_has_a_log_axis_with_labelled_layers_and_full_minus_reset_sta
     xs = [x for line in ax.get_lines() if line.get_label() == "base" for x in line.get_xdata()]
     assert min(xs) > 32  # the [0,T) bin (0 by construction) is not drawn; the region is shaded instead
     assert any(p.get_label() == "[0,T): full = reset" for p in ax.patches)
+
+
+def test_checks_and_verdicts_compare_the_value_they_show(tmp_path):
+    from recurlen.commands.report import threshold_check
+
+    # +0.0504 is shown as +0.050: "<= +0.05" passes, as a reader checking the row would conclude.
+    assert threshold_check("x", 0.0504, "<=", 0.05)["passed"]
+    assert not threshold_check("x", 0.0506, "<=", 0.05)["passed"]  # shown +0.051
+    assert threshold_check("x", 0.2996, ">=", 0.3)["passed"] and not threshold_check("x", 0.0504, ">", 0.05)["passed"]
+    assert threshold_check("x", -0.0804, "abs<=", 0.08)["passed"] and not threshold_check("x", None, "<=", 1)["passed"]
+    with pytest.raises(ValueError, match=r"check op '=<' is unknown; allowed: \['<=', '<', '>=', '>', 'abs<='\]"):
+        threshold_check("x", 0.0, "=<", 0.05)
+    assert run_verdict(run("edge", [0, 0.0, 0.0, 0.0504, 0.05]))["generalizes"]
+    assert not run_verdict(run("edge", [0, 0.0, 0.0, 0.0506, 0.05]))["generalizes"]
+
+    results = tmp_path / "eval" / "results.json"
+    results.parent.mkdir()
+    results.write_text(json.dumps({"format": "recurlen.eval/1", "runs": [run("tbptt", [0, 0, 0.0, 0.0504, 0.0504])]}))
+
+    def checks(runs):
+        stale = {**threshold_check("tbptt fixes it: full - reset <= +0.05", 0.0504, "<=", 0.05), "passed": False}
+        return [stale, threshold_check("shown +0.051", 0.0506, "<=", 0.05)]
+
+    text = write_report([results.parent], out_dir=tmp_path / "out", checks=checks).read_text()
+    # A check that carries op and threshold gets its verdict from the value as shown, whatever it arrived with.
+    assert "| tbptt fixes it: full - reset <= +0.05 | +0.050 | PASS |" in text
+    assert "| shown +0.051 | +0.051 | MISS |" in text
+    assert "tbptt: length-generalizes up to 16T" in text

@@ -55,11 +55,12 @@ def test_run_eval_writes_results_and_plots(checkpoints, seqs, tmp_path):
     assert eff["T"] == 4 * T and eff["t"][0] == 0 and eff["t"][-1] == 4 * T - 1 and eff["num_sequences"] == 2
     assert eff["effrem"][0] == 0.0 and all(0.0 <= v <= 1.0 for v in eff["effrem"])
     assert bins[1]["loss"] != on_disk["runs"][1]["positionwise"]["bins"][1]["loss"]  # two different models
-    for name in ("ppl_by_position.png", "loss_by_position.png", "full_minus_reset.png", "state_by_position.png",
-                 "effrem.png"):
+    for name in ("compare_full_minus_reset.png", "ppl_by_position.png", "loss_by_position.png",
+                 "full_minus_reset.png", "state_by_position.png", "effrem.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
-    assert set(results["plots"]) == {"ppl", "loss", "full_minus_reset", "state", "effrem"}
+    assert set(results["plots"]) == {"compare", "ppl", "loss", "full_minus_reset", "state", "effrem"}
+    assert list((out / "compare").glob("events.out.tfevents.*"))  # the comparison as a TensorBoard run
     assert not list(out.glob("*.tmp"))
 
     # Plot helpers take runs loaded back from several results files (a report comparing them).

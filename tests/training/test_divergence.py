@@ -15,12 +15,11 @@ import lightning as L
 import pytest
 import torch
 from omegaconf import OmegaConf
+from test_faults import args, env
 
 from recurlen.training.divergence import Health, onset
 from recurlen.training.finetune import run_finetune
 from recurlen.util.errors import NonFinite
-
-from test_faults import args, env
 
 REPO_RUN = ("trainer.max_steps=12", "trainer.checkpoint_every_n_steps=2", "trainer.val_every_n_steps=0")
 

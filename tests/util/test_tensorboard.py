@@ -14,12 +14,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from recurlen.callbacks.hparams import column_order, heading
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from recurlen.training.finetune import run_finetune
 from recurlen.training.optim import lr_multiplier
+from recurlen.util.tensorboard import HPARAMS_SUFFIX, plain_bin, read_hparams, sortable_bin, write_hparams
 
 T = 16
 L = 18 * T  # bins up to [16T,32T): the ones that sorted wrongly before the tags were padded
@@ -71,16 +73,25 @@ def test_train_lr_is_the_rate_each_step_used(runs):
 
 
 def test_hparams_row_and_one_chart_per_bin(runs):
-    root, _ = runs
+    root, cfgs = runs
     acc = events(root / "tbptt")
     data = {tag: plugin_data_pb2.HParamsPluginData.FromString(content)
             for tag, content in acc.PluginTagToContent("hparams").items()}
     start = data["_hparams_/session_start_info"].session_start_info
+    # Two settings columns (TensorBoard shows up to five, 10em each, before any metric): the full - reset
+    # columns below start within 1600 px.
+    assert set(start.hparams) == {"intervention", "setup"}
     assert start.hparams["intervention"].string_value == "tbptt"
-    assert start.hparams["T"].number_value == T and "reset_prob" in start.hparams
-    metrics = [m.name.tag for m in data["_hparams_/experiment"].experiment.metric_infos]
-    assert metrics[0] == "val/loss@[00,01T)"
+    assert start.hparams["setup"].string_value == f"3 steps, lr 0.001, T {T}, nano, {cfgs['tbptt'].name}"
+    infos = data["_hparams_/experiment"].experiment.metric_infos
+    metrics = [m.name.tag for m in infos]
+    # The columns that say whether the run length-generalizes lead (visible at 1600 px next to the settings).
+    assert metrics[:4] == ["val/full_minus_reset@[04T,08T)", "val/full_minus_reset@[08T,16T)",
+                           "val/full_minus_reset@[16T,32T)", "val/loss@[00,01T)"]
+    assert [m.display_name for m in infos[:4]] == ["full - reset [4T,8T)", "full - reset [8T,16T)",
+                                                   "full - reset [16T,32T)", "loss [0,T)"]
     assert set(metrics) >= {f"val/full_minus_reset@{b}" for b in BINS[1:]} | {"val/effrem@t=0.500T", "val/loss"}
+    assert len(list((root / "tbptt" / "tb").glob(f"*{HPARAMS_SUFFIX}"))) == 1
 
     layout = layout_pb2.Layout()
     layout.ParseFromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
@@ -92,6 +103,53 @@ def test_hparams_row_and_one_chart_per_bin(runs):
         for chart in category.chart:
             regexes = list(chart.multiline.tag)
             assert all(any(re.match(r, t) for t in acc.Tags()["scalars"]) for r in regexes), chart.title
+
+
+def test_column_order_and_headings():
+    tags = ["val/loss@[00,01T)", *[f"val/full_minus_reset@{b}" for b in BINS[1:]], "val/effrem@t=0.500T", "val/loss"]
+    assert column_order(tags) == ["val/full_minus_reset@[04T,08T)", "val/full_minus_reset@[08T,16T)",
+                                  "val/full_minus_reset@[16T,32T)", "val/loss@[00,01T)",
+                                  "val/full_minus_reset@[01T,02T)", "val/full_minus_reset@[02T,04T)",
+                                  "val/effrem@t=0.500T", "val/loss"]
+    assert heading("val/full_minus_reset@[01T,02T)") == "full - reset [T,2T)"
+    assert heading("val/effrem@t=0.500T") == "val/effrem@t=0.500T"
+    # Bins in tokens (bins="log") are no multiples of T: the order is left as it is.
+    assert column_order(["val/loss@[0000,0032)", "val/full_minus_reset@[0512,1024)"]) == \
+        ["val/loss@[0000,0032)", "val/full_minus_reset@[0512,1024)"]
+    for name in ("[0,T)", "[T,2T)", "[2T,4T)", "[16T,32T)", "[128T,256T)"):
+        assert plain_bin(sortable_bin(name, 3)) == name
+
+
+def test_a_resume_rewrites_the_row_with_the_settings_it_runs_with(tmp_path, experiment):
+    args = ("intervention=tbptt", "optim.warmup_steps=2", f"data.val_length={L}", "diagnostics.positionwise=true")
+    log_dir = tmp_path / "run" / "tb"
+
+    def row_in_tensorboard() -> dict:
+        # TensorBoard's own reader keeps the first hparams summary of a run: what the HParams tab shows.
+        content = events(tmp_path / "run").PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+        return start.hparams["setup"].string_value.split(", T ")[0]
+
+    run_finetune(experiment(tmp_path / "run", *args, "trainer.max_steps=3"))
+    assert row_in_tensorboard() == "3 steps, lr 0.001"
+    columns = read_hparams(log_dir)[1]
+    # Resumed for one more step, validating every 3 (so not before it ends): the row is rewritten at the start,
+    # with the columns it had.
+    run_finetune(experiment(tmp_path / "run", *args, "trainer.max_steps=4", "optim.lr=5e-4",
+                            "trainer.val_every_n_steps=3"))
+    assert row_in_tensorboard() == "4 steps, lr 0.0005"
+    hparams, again = read_hparams(log_dir)
+    assert hparams["setup"].startswith("4 steps, lr 0.0005, T ") and again == columns
+    assert len(list(log_dir.glob(f"*{HPARAMS_SUFFIX}"))) == 1
+
+
+def test_write_hparams_replaces_its_own_file_only(tmp_path):
+    (tmp_path / "events.out.tfevents.1.host.1.0").write_bytes(b"")  # the run's main event file: kept
+    first = write_hparams(tmp_path, {"max_steps": 3}, ["a"])
+    second = write_hparams(tmp_path, {"max_steps": 5}, {"a": "column a", "b": "b"})
+    assert not first.exists() and second.exists() and (tmp_path / "events.out.tfevents.1.host.1.0").exists()
+    assert read_hparams(tmp_path) == ({"max_steps": 5.0}, {"a": "column a", "b": "b"})
+    assert read_hparams(tmp_path / "elsewhere") is None
 
 
 def test_tensorboard_server_serves_the_runs_and_the_hparams_table(runs):
@@ -123,8 +181,9 @@ def test_tensorboard_server_serves_the_runs_and_the_hparams_table(runs):
             time.sleep(1)
         assert "val/full_minus_reset@[16T,32T)" in tags["tbptt/tb"]
         experiment = get("/data/plugin/hparams/experiment", {"experimentName": ""})
-        assert {h["name"] for h in experiment["hparamInfos"]} >= {"model", "intervention", "lr", "max_steps", "T",
-                                                                  "reset_prob"}
+        assert [h["name"] for h in experiment["hparamInfos"]] == ["intervention", "setup"]
+        assert [m["displayName"] for m in experiment["metricInfos"][:4]] == [
+            "full - reset [4T,8T)", "full - reset [8T,16T)", "full - reset [16T,32T)", "loss [0,T)"]
         groups = get("/data/plugin/hparams/session_groups", {
             "experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
                                                       "STATUS_RUNNING"],

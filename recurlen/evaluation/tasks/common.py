@@ -15,8 +15,6 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -91,21 +89,6 @@ def greedy_answers(model: RecurrentLM, prompts: Sequence[Sequence[int]], *, max_
     return out
 
 
-def tensorboard_log(directory: Path, *, scalars: dict[str, list[tuple[int, float]]], figures: dict[str, Any]) -> None:
-    """Scalars as (step, value) series (step = evaluation length) and figures, in <directory> event files."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(log_dir=str(directory))
-    try:
-        for tag, series in scalars.items():
-            for step, value in series:
-                writer.add_scalar(tag, value, global_step=int(step))
-        for tag, fig in figures.items():
-            writer.add_figure(tag, fig, close=False)
-    finally:
-        writer.close()
-
-
 def length_label(n: int) -> str:
     """BABILong's names for lengths: 0 -> '0k', 4096 -> '4k', 1048576 -> '1M'; others as the number."""
     if n == 0:
@@ -115,4 +98,4 @@ def length_label(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
-__all__ = ["TaskExample", "greedy_answers", "length_label", "rows_from_examples", "tensorboard_log"]
+__all__ = ["TaskExample", "greedy_answers", "length_label", "rows_from_examples"]

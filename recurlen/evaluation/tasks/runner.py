@@ -6,7 +6,10 @@
 Output directory (task.output_dir, default <run_dir>/<task>):
     results.json          what a report reads (format "recurlen.tasks.<task>/1"; written atomically)
     <task>_*.png          the heatmap (passkey, babilong) or accuracy-by-length plot (copying)
-    tb/                   TensorBoard: accuracy scalars with the evaluated length as the step, and the figure
+    tb/                   TensorBoard, a run of its own: the figure, and the accuracies against the evaluated
+                          length in the section task/ (tags task/<task>/<metric>_by_<axis>/<series>, the length
+                          in the step slot: TensorBoard's x-axis still reads "step", so the tag and a custom
+                          scalars chart name the axis), apart from the training run's val/ and train/ scalars
     data/                 babilong with source=generate: the evaluated records, in the layout load_babilong reads
 
 Copying trains one model per (intervention, seed) in <run_dir>/<intervention>/seed<seed> (each resumable like
@@ -21,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from recurlen.evaluation.tasks.common import tensorboard_log
 from recurlen.evaluation.tasks.config import TASKS, TaskExperimentConfig
 from recurlen.evaluation.tasks.datamodules import build_task_datamodule
 from recurlen.training.experiments.compose import resolved_config
@@ -29,6 +31,7 @@ from recurlen.training.finetune import launch_rank, run_finetune
 from recurlen.training.interventions import InterventionConfig
 from recurlen.training.run_dir import RunDir, load_model
 from recurlen.util.atomic_files import save_figure, write_json
+from recurlen.util.tensorboard import write_event_dir
 from recurlen.util.tokenizers import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -100,9 +103,31 @@ def _header(cfg: TaskExperimentConfig, *, source: str, train_len: int | None, to
             "plots": {"figure": PLOT_NAMES[cfg.task.name]}, "tensorboard": "tb"}
 
 
+AXES = {"passkey": "prompt_tokens", "babilong": "prompt_tokens", "copying": "string_length"}
+"""What the step slot of each task's scalars holds: the prompt's length in tokens, or the copied string's in symbols."""
+
+
+def task_tag(task: str, metric: str, series: str) -> str:
+    """'task/passkey/accuracy_by_prompt_tokens/depth_0.5': the section (task/), the x-axis and the line, in the tag."""
+    return f"task/{task}/{metric}_by_{AXES[task]}/{series}"
+
+
+def task_tensorboard(out: Path, task: str, scalars: dict[str, list[tuple[int, float]]], figure) -> Path:
+    """The task's TensorBoard run out/tb: its scalars, one custom-scalars chart per metric naming the x-axis, a
+    note in the Text tab, and the figure."""
+    axis = AXES[task].replace("_", " ")
+    metrics = sorted({tag.split("/")[2] for tag in scalars})
+    charts = {f"{task}: {m.replace('_by_', ' vs ').replace('_', ' ')} (x axis: {axis}, not a training step)":
+              [f"^task/{task}/{m}/"] for m in metrics}
+    note = (f"The {task} scalars under task/{task}/ have the evaluated length ({axis}) where TensorBoard says "
+            "'step': they are one evaluation of a finished model, not a training curve.")
+    return write_event_dir(out / "tb", scalars=scalars, figures={f"task/{task}/figure": figure},
+                           texts={f"task/{task}/x_axis": note}, layout={f"task: {task} by length": charts})
+
+
 def _finish(out: Path, results: dict, figure, scalars: dict) -> Path:
     save_figure(figure, out / results["plots"]["figure"], dpi=110, tight=True)
-    tensorboard_log(out / "tb", scalars=scalars, figures={f"{results['task']}/accuracy": figure})
+    task_tensorboard(out, results["task"], scalars, figure)
     write_json(out / "results.json", results)
     log.info("%s results: %s (plot %s)", results["task"], out / "results.json", out / results["plots"]["figure"])
     return out / "results.json"
@@ -120,9 +145,10 @@ def run_passkey(cfg: TaskExperimentConfig) -> Path:
                            chunk_len=t.chunk_len, key_digits=pk.key_digits, max_new_tokens=pk.max_new_tokens)
     results = {**_header(cfg, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
                          device=device), **res}
-    scalars = {f"passkey/accuracy/depth_{d:g}": [(n, results["accuracy"][i][j]) for j, n in enumerate(res["lengths"])]
+    scalars = {task_tag("passkey", "accuracy", f"depth_{d:g}"): [(n, results["accuracy"][i][j])
+                                                                 for j, n in enumerate(res["lengths"])]
                for i, d in enumerate(res["depths"])}
-    scalars["passkey/accuracy/mean"] = [(int(n), a) for n, a in res["mean_accuracy_by_length"].items()]
+    scalars[task_tag("passkey", "accuracy", "mean")] = [(int(n), a) for n, a in res["mean_accuracy_by_length"].items()]
     return _finish(task_output_dir(cfg), results, plot_passkey(results), scalars)
 
 
@@ -163,9 +189,11 @@ def run_babilong(cfg: TaskExperimentConfig) -> Path:
     results = {**_header(cfg, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
                          device=device), "source": cfg.task.babilong.source, "prompt": cfg.task.babilong.prompt,
                **res}
-    scalars = {f"babilong/accuracy/{task}": [(n, res["accuracy"][i][j]) for j, n in enumerate(res["lengths"])]
+    scalars = {task_tag("babilong", "accuracy", task): [(n, res["accuracy"][i][j])
+                                                        for j, n in enumerate(res["lengths"])]
                for i, task in enumerate(res["tasks"])}
-    scalars["babilong/accuracy/mean"] = [(int(n), a) for n, a in res["mean_accuracy_by_length"].items()]
+    scalars[task_tag("babilong", "accuracy", "mean")] = [(int(n), a)
+                                                         for n, a in res["mean_accuracy_by_length"].items()]
     return _finish(out, results, plot_babilong(results), scalars)
 
 
@@ -261,7 +289,7 @@ def run_copying(cfg: TaskExperimentConfig) -> Path:
                            "greedy_char_acc": "character accuracy of the greedily decoded copy"},
                "runs": runs, "summary": summary,
                "paper": {"none": {"mean": 0.27, "std": 0.03}, "state_passing": {"mean": 0.47, "std": 0.11}}}
-    scalars = {f"copying/single/{m}/{name}": [(int(L), v) for L, v in s["single"][m]["mean"].items()]
+    scalars = {task_tag("copying", m, name): [(int(L), v) for L, v in s["single"][m]["mean"].items()]
                for name, s in summary.items() for m in ("char_acc", "greedy_char_acc")}
     return _finish(task_output_dir(cfg), results, plot_copying(results), scalars)
 
@@ -278,5 +306,5 @@ def run_task(cfg: TaskExperimentConfig) -> Path:
         return RUNNERS[cfg.task.name](cfg)
 
 
-__all__ = ["RUNNERS", "babilong_cells", "eval_lengths", "run_babilong", "run_copying", "run_passkey", "run_task",
-           "task_output_dir"]
+__all__ = ["AXES", "RUNNERS", "babilong_cells", "eval_lengths", "run_babilong", "run_copying", "run_passkey",
+           "run_task", "task_output_dir", "task_tag", "task_tensorboard"]

@@ -158,8 +158,8 @@ class ExperimentConfig:
     """Where checkpoints, TensorBoard logs and the resolved config go. Default runs/<name>/<model>-<intervention>,
     so that runs of other models or interventions never resume from each other's checkpoints."""
     resume: str = "auto"
-    """'auto' continues the run in run_dir from its newest intact checkpoint (changed settings: see the README's
-    resume rules), 'never' starts a new run and refuses a run_dir that holds one, 'archive' moves that run to
+    """'auto' continues the run in run_dir from its furthest-trained intact checkpoint (changed settings: see the
+    README's resume rules), 'never' starts a new run and refuses a run_dir that holds one, 'archive' moves that run to
     run_dir/archive/<time>/ and starts a new one, or the path of a .ckpt to continue from."""
     seed: int = 0
     """Seeds the initialisation, the data order and the interventions' randomness."""

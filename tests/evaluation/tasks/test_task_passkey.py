@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tensorboard.plugins.custom_scalar import layout_pb2
 
 from recurlen.evaluation.tasks.common import greedy_answers
 from recurlen.evaluation.tasks.passkey import KEY_SENTENCE, PasskeyBuilder, parse_passkey, score_passkey
@@ -145,10 +146,22 @@ def test_tiny_passkey_run_writes_results_heatmap_and_tensorboard(tmp_path, run_t
     assert np.array(res["accuracy"]).shape == (2, 2)
     png = path.parent / res["plots"]["figure"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 2000
-    acc = EventAccumulator(str(path.parent / "tb"))
+    acc = EventAccumulator(str(path.parent / "tb"), size_guidance={"tensors": 0})
     acc.Reload()
-    assert {"passkey/accuracy/depth_0.2", "passkey/accuracy/mean"} <= set(acc.Tags()["scalars"])
-    assert [e.step for e in acc.Scalars("passkey/accuracy/mean")] == [256, 320]
+    # Its own section (task/), the x-axis in the tag and in a chart title: the step slot holds the prompt length.
+    assert set(acc.Tags()["scalars"]) == {"task/passkey/accuracy_by_prompt_tokens/depth_0.2",
+                                          "task/passkey/accuracy_by_prompt_tokens/depth_0.8",
+                                          "task/passkey/accuracy_by_prompt_tokens/mean"}
+    mean_events = acc.Scalars("task/passkey/accuracy_by_prompt_tokens/mean")
+    assert [e.step for e in mean_events] == [256, 320]
+    assert [e.value for e in mean_events] == pytest.approx([res["mean_accuracy_by_length"][k] for k in ("256", "320")])
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
+    charts = {c.title: [(ch.title, list(ch.multiline.tag)) for ch in c.chart] for c in layout.category}
+    assert charts == {"task: passkey by length": [
+        ("passkey: accuracy vs prompt tokens (x axis: prompt tokens, not a training step)",
+         ["^task/passkey/accuracy_by_prompt_tokens/"])]}
+    assert acc.Tags()["images"] == ["task/passkey/figure"]
     # `recurlen report` reads the task's results.json as it is written.
     from recurlen.commands.report import write_report
 
