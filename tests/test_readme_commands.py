@@ -1,7 +1,8 @@
-"""Every command line of the README and every target of `make help` runs as written.
+"""Every command line of the README and of the pages in docs/, and every target of `make help`, runs as written.
 
-Lines are read from the README's ```bash blocks (continuations joined, comments dropped, `for` loops
-expanded); `make` lines go through `make -n`, so the Makefile's own composition of the command is what runs.
+Lines are read from the ```bash blocks of README.md and then of docs/*.md (continuations joined, comments dropped,
+`for` loops expanded; a line documented twice is tested once); `make` lines go through `make -n`, so the
+Makefile's own composition of the command is what runs.
 One tiny demo (the README's `make demo` with tiny overrides, a module fixture) leaves the runs the other
 lines read. Then each line is one test:
   - CPU-sized commands (fine-tuning, fit-noise, eval, report, config, generate, lint, help, TensorBoard) run
@@ -10,9 +11,12 @@ lines read. Then each line is one test:
     which composes and validates everything and resolves every path without loading or downloading;
   - the SLURM script runs with `srun` standing in to hand its command line to the same dry run; torchrun's
     options go through torchrun's own parser; the `make test*` targets are collected (`--collect-only`) and
-    the benchmark scripts' command lines parsed by their own argparse (one process each for all of them).
+    the benchmark scripts' command lines parsed by their own argparse (one process each for all of them);
+  - Hugging Face Hub lines (`hf download ...`, fetched on a machine with network) run the real `hf` with
+    HF_HUB_OFFLINE=1 and an empty HF_HOME: its own parser must accept them (a usage error exits 2) and it must
+    get as far as the hub, which offline mode refuses; `export` lines must be plain NAME=value assignments.
 A line fails when it stops parsing, names an unknown key, value or missing file, when a make target is gone,
-or when a command listed below as run for real disappears from the README; test_a_broken_line_fails checks
+or when a command listed below as run for real disappears from the documentation; test_a_broken_line_fails checks
 that such breaks are caught. The long-context tasks run for real (tiny) in the slow tier.
 """
 
@@ -46,7 +50,7 @@ DEMO_TINY = ["pretrain_steps=3", "posttrain_steps=2", "interventions=[tbptt]", "
              "trainer.val_every_n_steps=0,trainer.checkpoint_every_n_steps=0,trainer.limit_val_batches=1,"
              "diagnostics.effrem=false,diagnostics.positionwise=false,diagnostics.state_norm=false]",
              "eval.length=128", "eval.num_sequences=2", "eval.effrem=false", "eval.chunk_len=64", "eval.batch_size=2"]
-# README lines (as written, comments dropped) that run for real, with what makes them tiny.
+# Documented lines (README or docs/, as written, comments dropped) that run for real, with what makes them tiny.
 REAL = {
     "make demo": DEMO_TINY,
     "make finetune": TRAIN_TINY,
@@ -67,9 +71,9 @@ REAL = {
     "make lint": [],
     "make export RUN=runs/demo/post/state_passing FORMAT=official": [],
 }
-# Targets of `make help` that run for real when no README line runs them (default variables).
+# Targets of `make help` that run for real when no documented line runs them (default variables).
 REAL_TARGETS = {"fit-noise": TRAIN_TINY, "generate": ["max_new_tokens=4"], "help": []}
-# The long-context tasks for real, tiny (slow tier): their README lines, and what makes them tiny.
+# The long-context tasks for real, tiny (slow tier): their documented lines, and what makes them tiny.
 _TASK_RUN = ["trainer.max_steps=2", "trainer.val_every_n_steps=0", "trainer.checkpoint_every_n_steps=0",
              "trainer.limit_val_batches=1", "trainer.progress_bar=false", "data.max_documents=60",
              "data.val_fraction=0.2", "data.batch_size=4", "task.trials=1", "task.eval_batch_size=2"]
@@ -80,9 +84,24 @@ TASK_TINY = {
 }
 
 
-def readme_lines() -> list[str]:
-    """The README's command lines in order, each once."""
-    text = (ROOT / "README.md").read_text()
+# Where the documented lines are read from: the README first, then every page of docs/.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Files that lines documented for GPU clusters read, made empty in the scratch directory so that their dry runs
+# resolve them (the GPU quickstart's Pile files, fetched with `hf download ... --local-dir data/pile`).
+DATA_STAND_INS = ["data/pile/train/00.jsonl.zst", "data/pile/val.jsonl.zst"]
+
+
+def doc_lines() -> dict[str, str]:
+    """Every documented command line in order, each once, with the file it is first documented in."""
+    found: dict[str, str] = {}
+    for path in DOCS:
+        for line in bash_lines(path.read_text()):
+            found.setdefault(line, path.relative_to(ROOT).as_posix())
+    return found
+
+
+def bash_lines(text: str) -> list[str]:
+    """The command lines of a Markdown text's ```bash blocks, in order."""
     lines: list[str] = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
@@ -118,7 +137,8 @@ def strip_comment(raw: str) -> str:
     return " ".join("".join(out).split())
 
 
-LINES = readme_lines()
+SOURCES = doc_lines()
+LINES = list(SOURCES)
 
 
 def make_targets() -> list[str]:
@@ -245,7 +265,7 @@ sys.stdout.write("\n" + json.dumps(out) + "\n")
 
 
 def planned_checks() -> list[list]:
-    """The batched checks that the README's make lines and the other make targets will ask for."""
+    """The batched checks that the documented make lines and the other make targets will ask for."""
     jobs = []
     for words in [shlex.split(line)[1:] for line in LINES if line.startswith("make ")] + [[t] for t in TARGETS]:
         for cmd in make_commands(words):
@@ -278,7 +298,7 @@ def gpu_check_command(cmd: list[str], env: dict[str, str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
-    """A scratch working directory in which the README's runs land (runs/...), offline, with its own cache."""
+    """A scratch working directory in which the documented runs land (runs/...), offline, with its own cache."""
     root = tmp_path_factory.mktemp("readme")
     env = {"RECURLEN_EXPERIMENTS": str(ROOT / "experiments"), "RECURLEN_CACHE": str(root / "cache"),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -317,7 +337,8 @@ class World:
 
 def stand_ins(world: Path) -> None:
     """Copies of the tiny demo's tbptt run where lines read runs made on GPUs or by other demo settings:
-    `make eval`'s default RUNS (none, state_passing), the README's 780m fine-tunings, and results to report."""
+    `make eval`'s default RUNS (none, state_passing), the documented 780m fine-tunings, results to report, and
+    empty stand-ins for the data files that GPU lines read (DATA_STAND_INS)."""
     post = world / "runs" / "demo" / "post"
     targets = [post / "none", post / "state_passing"]
     targets += [world / "runs" / "finetune" / f"780m-{name}" for name in ("none", "fitted_noise", "state_passing",
@@ -325,6 +346,9 @@ def stand_ins(world: Path) -> None:
     for target in targets:
         if not target.exists():
             shutil.copytree(post / "tbptt", target)
+    for name in DATA_STAND_INS:
+        (world / name).parent.mkdir(parents=True, exist_ok=True)
+        (world / name).touch()
     for out in ("eval", "eval780m"):  # so that a report line runs on its own too (-k report)
         results = world / "runs" / out / "results.json"
         if not results.exists():
@@ -340,7 +364,7 @@ def recurlen(argv: list[str], *, real: list[str] | None) -> None:
 
 
 def run_line(line: str, world: Path, checks: Checks, real: list[str] | None = None) -> str:
-    """Run one README line; returns how ('real', 'dry-run', 'make -n', ...)."""
+    """Run one documented line; returns how ('real', 'dry-run', 'make -n', ...)."""
     real = REAL.get(line) if real is None else real
     env_prefix, words = split_env(shlex.split(line))
     head = words[0]
@@ -361,7 +385,34 @@ def run_line(line: str, world: Path, checks: Checks, real: list[str] | None = No
         return run_sbatch(words, env_prefix)
     if head == "make":
         return run_make(words[1:], world, checks, real)
-    raise AssertionError(f"README command line not understood by this test: {line}")
+    if head in ("hf", "huggingface-cli"):
+        return run_hub_cli(words, world)
+    if head == "export":
+        bad = [w for w in words[1:] if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$", w)]
+        assert words[1:] and not bad, f"`{line}`: not NAME=value assignments: {bad}"
+        return "parsed"
+    raise AssertionError(f"documented command line not understood by this test: {line}")
+
+
+def run_hub_cli(words: list[str], world: Path) -> str:
+    """A Hugging Face Hub command line (`hf download ...`, run on a machine with network), run by the real `hf`
+    offline with an empty HF_HOME: its parser must accept it (exit 2 is a usage error) and it must get as far as
+    the hub, which offline mode refuses. `huggingface-cli` is the same CLI's older name (huggingface_hub < 1.0);
+    where only `hf` is installed, the line runs through `hf`. A local folder that an upload names is made empty."""
+    exe = shutil.which(words[0], path=str(Path(sys.executable).parent)) or \
+        shutil.which("hf", path=str(Path(sys.executable).parent)) or shutil.which("hf")
+    assert exe, "huggingface_hub's `hf` command is not installed"
+    cwd = world / "hub-cli"
+    cwd.mkdir(exist_ok=True)
+    positional = [w for w in words[2:] if not w.startswith("-")]
+    if words[1:2] == ["upload"] and len(positional) >= 2:
+        (cwd / positional[1]).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HOME": str(world / "hub-cli-home"), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    proc = subprocess.run([exe, *words[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+    assert proc.returncode != 2, f"`{' '.join(words)}` is not a valid command line of `hf`:\n{out[-2000:]}"
+    assert "offline mode is enabled" in out, f"`{' '.join(words)}` did not get as far as the hub:\n{out[-2000:]}"
+    return "hub cli (offline)"
 
 
 def run_sbatch(words: list[str], env_prefix: dict[str, str]) -> str:
@@ -464,15 +515,38 @@ def serve_tensorboard(cmd: list[str], world: Path) -> None:
         proc.wait(timeout=30)
 
 
-def test_the_readme_has_the_commands_this_test_runs_for_real():
+def test_the_docs_have_the_commands_this_test_runs_for_real():
     missing = sorted(set(REAL) - set(LINES)) + sorted(set(TASK_TINY) - set(LINES))
-    assert missing == [], f"README lines run for real by this test are gone (update REAL / TASK_TINY): {missing}"
+    assert missing == [], f"documented lines run for real by this test are gone (update REAL / TASK_TINY): {missing}"
     assert len(LINES) >= 25
+    assert len({SOURCES[line] for line in LINES}) >= 8, "the docs/ pages' command lines are not read"
     assert set(REAL_TARGETS) <= set(TARGETS), "a make target this test runs for real is gone from `make help`"
 
 
-@pytest.mark.parametrize("line", LINES, ids=[f"{i:02d} {line[:60]}" for i, line in enumerate(LINES)])
-def test_readme_line(world, line):
+def test_the_readme_starts_with_the_two_commands_and_fits_a_page():
+    """The README's first command lines are the main job and the tests (both run by test_doc_line), and it stays
+    short: everything else lives in docs/."""
+    text = (ROOT / "README.md").read_text()
+    assert bash_lines(text)[:2] == ["make demo", "make test"]
+    assert text.index("```bash") < 200, "the two commands are not at the top of the README"
+    assert len(text.splitlines()) <= 200
+
+
+def test_the_readme_links_resolve():
+    """Every relative link and image of README.md and docs/*.md names a file that exists."""
+    broken = []
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (path.parent / target.split("#")[0]).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
+@pytest.mark.parametrize("line", LINES, ids=[f"{i:02d} {SOURCES[line].removeprefix('docs/')[:-3]}: {line[:60]}"
+                                             for i, line in enumerate(LINES)])
+def test_doc_line(world, line):
     if line == "make demo":  # ran once for the module (its runs are what the other lines read)
         assert (world.root / "runs" / "demo" / "report.md").is_file()
         assert world.demo_how == "real"
@@ -486,7 +560,7 @@ def test_readme_line(world, line):
 
 @pytest.mark.parametrize("target", uncovered_targets())
 def test_make_target(world, target):
-    """The targets of `make help` that no README line runs, with their default variables."""
+    """The targets of `make help` that no documented line runs, with their default variables."""
     run_make([target], world.root, world.checks, REAL_TARGETS.get(target))
 
 
@@ -507,9 +581,13 @@ def test_every_make_target_is_covered():
     "make bench-gpu ARGS=--quik",                                                      # a benchmark option
     "sbatch scripts/slurm_finetune.sbatch trainer.max_step=1000",                      # through the SLURM script
     "torchrun --nnodes=2 --nproc-per-node=8 --master-prt=29500 -m recurlen finetune model=780m",
+    "hf download state-spaces/mamba2-780m --includ '*.json'",                         # a hub CLI option
+    "hf downlod state-spaces/mamba2-780m",                                             # a hub CLI command
+    "export HF_HUB_OFFLINE",                                                           # not an assignment
+    "make finetune MODEL=780m ARGS=data.source=data/pile/train/01.jsonl.zst",          # a data file not fetched
 ])
 def test_a_broken_line_fails(world, broken):
-    """What the README test exists for: a documented line that stopped working fails it."""
+    """What this test exists for: a documented line that stopped working fails it."""
     with pytest.raises((AssertionError, SystemExit)):
         run_line(broken, world.root, world.checks)
 
@@ -517,7 +595,7 @@ def test_a_broken_line_fails(world, broken):
 @pytest.mark.slow  # each trains and evaluates small models (~25 s together on 2 idle cores)
 @pytest.mark.parametrize("line", list(TASK_TINY))
 def test_task_lines_for_real(scratch, line):
-    """The long-context tasks' README lines, trained and evaluated for real (tiny): each writes its results.json."""
+    """The long-context tasks' documented lines, trained and evaluated for real (tiny): each writes its results.json."""
     task = line.split()[1]
     before = {p: p.stat().st_mtime_ns for p in scratch.glob(f"runs/{task}/**/results.json")}
     how = run_line(line, scratch, Checks(), real=TASK_TINY[line])
