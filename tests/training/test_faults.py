@@ -384,7 +384,7 @@ def test_nan_on_one_ddp_rank_stops_every_rank(tmp_path, cache_dir):
     proc = run(args(out, cache_dir, *ddp), MASTER_PORT=free_port(),
                RECURLEN_FAULT="point=step,step=15,action=nan,what=loss,rank=1")
     _one_line_error(proc, "non-finite training loss (nan) at global step 15",
-                    f"newest finite checkpoint is {RunDir(out).last_checkpoint} (step 10)")
+                    f"the newest checkpoint from before it is {RunDir(out).checkpoints / 'step=000010.ckpt'} (step 10)")
     assert weights(out)[0] == 10
 
 
@@ -392,12 +392,13 @@ def test_nan_at_a_step_stops_before_it_is_saved_and_a_lower_lr_resumes(tmp_path,
     out = tmp_path / "run"
     every = ("trainer.checkpoint_every_n_steps=10",)
     proc = run(args(out, cache_dir, *every), RECURLEN_FAULT="point=step,step=25,action=nan,what=grad")
-    last = RunDir(out).last_checkpoint
+    step20 = RunDir(out).checkpoints / "step=000020.ckpt"
     _one_line_error(proc, "non-finite gradient of backbone.layers.0.", "(layer 0) at global step 25",
-                    f"newest finite checkpoint is {last} (step 20)", "optim.lr=0.00025")
+                    f"the newest checkpoint from before it is {step20} (step 20)", "optim.lr=0.00025",
+                    f"optim.lr=0.00025 resume={step20}")
     assert weights(out)[0] == 20 and sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "last.ckpt", "step=000010.ckpt", "step=000020.ckpt"]
-    again = run(args(out, cache_dir, *every, "optim.lr=0.00025"))  # the message's advice
+    again = run(args(out, cache_dir, *every, "optim.lr=0.00025", f"resume={step20}"))  # the message's advice
     assert again.returncode == 0, again.stderr[-3000:]
     step, state = weights(out)
     assert step == STEPS and all(torch.isfinite(v).all() for v in state.values())

@@ -248,13 +248,15 @@ def test_resume_never_refuses_a_used_run_dir_and_archive_moves_it(run_copy, expe
 def test_nan_stops_before_it_is_saved_and_the_advice_works(tmp_path, experiment, monkeypatch, what, message):
     run = RunDir(tmp_path / "run")
     monkeypatch.setenv(FAULT_ENV, f"point=step,step=3,action=nan,what={what}")
-    with pytest.raises(NonFinite, match=message + f".*newest finite checkpoint is {run.last_checkpoint} "
-                                                  r"\(step 2\).*optim.lr=0.00025"):
+    step2 = run.checkpoints / "step=000002.ckpt"
+    with pytest.raises(NonFinite, match=message + f".*the newest checkpoint from before it is {step2} "
+                                                  r"\(step 2\).*optim.lr=0.00025") as err:
         run_finetune(experiment(run.path, *RUN, "trainer.max_steps=6"))
     assert sorted(p.name for p in run.checkpoints.iterdir()) == ["last.ckpt", "step=000002.ckpt"]
     assert torch.load(run.last_checkpoint, weights_only=True)["global_step"] == 2
     monkeypatch.delenv(FAULT_ENV)
-    run_finetune(experiment(run.path, *RUN, "trainer.max_steps=6", "optim.lr=2.5e-4"))  # the advice
+    assert err.value.overrides == ("optim.lr=0.00025", f"resume={step2}")
+    run_finetune(experiment(run.path, *RUN, "trainer.max_steps=6", *err.value.overrides))  # the advice
     ckpt = torch.load(run.last_checkpoint, weights_only=True)
     assert ckpt["global_step"] == 6 and all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
     assert OmegaConf.load(run.config_file).optim.lr == 2.5e-4

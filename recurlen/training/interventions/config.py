@@ -9,6 +9,8 @@ from recurlen.training.interventions.noise_refresh import REFRESH_MODES
 INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
 LAYOUT_FOR = {"none": "independent", "random_noise": "independent", "fitted_noise": "independent",
               "state_passing": "independent", "tbptt": "contiguous"}
+DEFAULT_RESET_PROB = {"state_passing": 0.1, "tbptt": 0.0}
+"""reset_prob when none is given (interventions without a carried state ignore it)."""
 
 
 @dataclass
@@ -17,9 +19,10 @@ class InterventionConfig:
     """One of none, random_noise, fitted_noise, state_passing, tbptt."""
     noise_std: float = 1.0
     """random_noise: std of the i.i.d. Gaussian (the paper gives none; ~ the state's scale early in a sequence)."""
-    reset_prob: float = 0.1
-    """state_passing / tbptt: per lane and step, the chance of starting from zeros instead of the carried state
-    (recurlen's choice for state_passing; the paper's TBTT has no random resets, so tbptt.yaml sets 0)."""
+    reset_prob: float | None = None
+    """state_passing / tbptt: per lane and step, the chance of starting from zeros instead of the carried state.
+    None: the intervention's own default (DEFAULT_RESET_PROB): 0.1 for state_passing (recurlen's choice), 0 for
+    tbptt (the paper's TBTT has no random resets), so a config built in Python gets the same as the yaml files."""
     tbptt_segments: int | None = 8
     """tbptt: segments of T tokens per long sequence; the state restarts from zeros at every step that is a
     multiple of it (a fresh long sequence of tbptt_segments x T tokens). None: one endless sequence per lane."""
@@ -44,6 +47,8 @@ class InterventionConfig:
             raise ValueError(f"intervention.name={self.name!r} is unknown; allowed: {list(INTERVENTIONS)}")
         if not self.noise_std > 0:
             raise ValueError(f"intervention.noise_std must be > 0; got {self.noise_std}")
+        if self.reset_prob is None:
+            self.reset_prob = DEFAULT_RESET_PROB.get(self.name, 0.0)
         if not 0.0 <= self.reset_prob <= 1.0:
             raise ValueError(f"intervention.reset_prob must be in [0, 1]; got {self.reset_prob}")
         if self.tbptt_segments is not None and (isinstance(self.tbptt_segments, bool)
