@@ -26,12 +26,19 @@ STRATEGY ?=
 RUN ?=
 ARCH ?=
 RUNS ?= runs/demo/pretrain runs/demo/post/none runs/demo/post/state_passing runs/demo/post/tbptt
+QUICK ?=
 OUT ?= runs/eval
 FORMAT ?= official
 ARGS ?=
 
+# MODEL=tiny post-trains the demo's pre-trained base (what `make demo` writes) with the demo's post-training
+# recipe (experiments/demo-posttrain.yaml: T = 32, lr 5e-4) into runs/finetune/tiny-INTERVENTION; before `make demo`
+# there is no pre-trained tiny model, and the run trains one from scratch (its plan and log say so).
+DEMO_BASE := runs/demo/pretrain/checkpoints/last.ckpt
+TINY_BASE := $(if $(filter tiny,$(MODEL)),$(wildcard $(DEMO_BASE)))
 # make finetune VAR=... -> recurlen finetune overrides (only the ones given).
-FINETUNE_ARGS := model=$(MODEL) intervention=$(INTERVENTION) \
+FINETUNE_ARGS := $(if $(TINY_BASE),experiment=demo-posttrain model.pretrained=$(TINY_BASE) \
+	$(if $(RUN),,run_dir=runs/finetune/tiny-$(INTERVENTION)),model=$(MODEL)) intervention=$(INTERVENTION) \
 	$(if $(DATA),data=$(DATA)) $(if $(STEPS),trainer.max_steps=$(STEPS)) \
 	$(if $(GPUS),trainer.accelerator=gpu trainer.devices=$(GPUS)) $(if $(NODES),trainer.num_nodes=$(NODES)) \
 	$(if $(or $(GPUS),$(NODES)),trainer.strategy=$(or $(STRATEGY),ddp)) $(if $(RUN),run_dir=$(RUN)) $(ARGS)
@@ -40,7 +47,7 @@ FINETUNE_ARGS := model=$(MODEL) intervention=$(INTERVENTION) \
 
 help: ## list the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "  variables: MODEL=$(MODEL) INTERVENTION=$(INTERVENTION) DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS='a.b=c'"
+	@echo "  variables: QUICK= ARCH= MODEL=$(MODEL) INTERVENTION=$(INTERVENTION) DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS='a.b=c'"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -57,8 +64,8 @@ $(KERNELS_STAMP): $(STAMP)
 
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
 
-demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (ARCH=mamba1|gla: runs/demo-ARCH)
-	$(PY) -m recurlen demo $(if $(ARCH),arch=$(ARCH)) $(ARGS)
+demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (QUICK=1: the short form, runs/demo-quick; ARCH=mamba1|gla)
+	$(PY) -m recurlen demo $(if $(filter-out 0,$(QUICK)),quick=true) $(if $(ARCH),arch=$(ARCH)) $(ARGS)
 
 test: $(STAMP) ## run the default (CPU) test suite
 	$(PY) -m pytest -q
@@ -78,7 +85,9 @@ test-gpu: $(STAMP) ## the GPU tests: kernels == torch backend, FSDP run (needs C
 lint: $(STAMP) ## ruff over the whole project
 	$(PY) -m ruff check recurlen callbacks tests benchmarks
 
-finetune: $(STAMP) ## post-train: MODEL= INTERVENTION= [DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS=]
+finetune: $(STAMP) ## post-train: MODEL= INTERVENTION= [DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS=] (tiny: the demo's base)
+	$(if $(filter tiny,$(MODEL)),@echo "make finetune: $(if $(TINY_BASE),post-training the demo's pre-trained base \
+	$(TINY_BASE),no pre-trained tiny model yet ($(DEMO_BASE) is written by make demo): training one from scratch)")
 	$(PY) -m recurlen finetune $(FINETUNE_ARGS)
 
 fit-noise: $(STAMP) ## fit fitted-noise statistics: MODEL= [DATA= ARGS=]

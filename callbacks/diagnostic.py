@@ -208,10 +208,16 @@ class DiagnosticCallback(pl.Callback):
         """Scalar tags of this diagnostic that are columns of the HParams table (after an evaluation)."""
         return []
 
-    @staticmethod
-    def show_progress(trainer: pl.Trainer) -> bool:
-        """A progress bar for the diagnostic's evaluation: on rank 0, when the run shows progress."""
-        return bool(trainer.is_global_zero and trainer.progress_bar_callback is not None)
+    title = "diagnostic"
+    """What the diagnostic measures, as its progress bar and the validation's announcement name it."""
+
+    def show_progress(self, trainer: pl.Trainer, num_sequences: int | None = None) -> str | bool:
+        """The label of a progress bar for the diagnostic's evaluation (on rank 0, when the run shows progress),
+        else False: the bar says it is validation and what it measures, so a long pass is never unexplained."""
+        if not (trainer.is_global_zero and trainer.progress_bar_callback is not None):
+            return False
+        count = f", {num_sequences} sequences" if num_sequences else ""
+        return f"validation ({self.title}{count})"
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:

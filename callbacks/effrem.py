@@ -26,6 +26,8 @@ from recurlen.util.tensorboard import fraction_tag
 class EffectiveRemembrance(DiagnosticCallback):
     """EffRem_T(t) averaged over held-out sequences and ranks."""
 
+    title = "EffRem"
+
     def __init__(self, *, context_len: int | None = None, t_grid: Sequence[int] | None = None, num_points: int = 9,
                  num_sequences: int | None = None, train_len: int | None = None, chunk_len: int | None = None,
                  batch_size: int = 4, max_batch_rows: int = 64, sequences: torch.Tensor | None = None,
@@ -65,7 +67,7 @@ class EffectiveRemembrance(DiagnosticCallback):
             result = effective_remembrance(model, share_NT, context_len=context_len, t_grid=grid,
                                            train_len=train_len, chunk_len=chunk_len, batch_size=self.batch_size,
                                            max_batch_rows=self.max_batch_rows, bf16=self.bf16,
-                                           progress=self.show_progress(trainer))
+                                           progress=self.show_progress(trainer, share_NT.shape[0]))
         totals = synced_sums(pl_module, {"tv": result.tv_sum_G,
                                          "count": torch.tensor(float(result.count), dtype=torch.float64)})
         result = EffRemResult(context_len, grid, totals["tv"], int(totals["count"]))

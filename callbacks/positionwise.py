@@ -33,6 +33,10 @@ SCALAR_BINS = ("multiples", "log")
 class PositionwisePerplexity(DiagnosticCallback):
     """Loss / perplexity by position, beyond the training context, summed over ranks."""
 
+    @property
+    def title(self) -> str:
+        return "position-wise loss + reset control" if self.reset_control else "position-wise loss"
+
     def __init__(self, *, seq_len: int | None = None, num_sequences: int | None = None, train_len: int | None = None,
                  bins: str = "multiples", log_bins: int = 16, reset_control: bool = True,
                  chunk_len: int | None = None, batch_size: int = 4, sequences: torch.Tensor | None = None,
@@ -88,7 +92,8 @@ class PositionwisePerplexity(DiagnosticCallback):
         if share_NL.shape[0]:
             res = evaluate_positionwise(model, share_NL, train_len=train_len, chunk_len=chunk_len,
                                         batch_size=self.batch_size, reset_control=self.reset_control,
-                                        state_stats=False, bf16=self.bf16, progress=self.show_progress(trainer))
+                                        state_stats=False, bf16=self.bf16,
+                                        progress=self.show_progress(trainer, share_NL.shape[0]))
             local["nll"] = bin_sums(res.nll_sum_P, bins)
             local["count"] = bin_sums(res.count_P(), bins)
             if self.reset_control:

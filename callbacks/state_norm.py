@@ -31,6 +31,8 @@ from recurlen.util.tensorboard import bin_width
 class StateNormMonitor(DiagnosticCallback):
     """State statistics by position, averaged over held-out sequences and ranks."""
 
+    title = "state norm"
+
     def __init__(self, *, seq_len: int | None = None, num_sequences: int | None = None, train_len: int | None = None,
                  state_points: int = 32, layers: Sequence[int] | None = None, chunk_len: int | None = None,
                  batch_size: int = 4, sequences: torch.Tensor | None = None, bf16: bool = False,
@@ -69,7 +71,7 @@ class StateNormMonitor(DiagnosticCallback):
             res = evaluate_positionwise(model, share_NL, train_len=train_len, chunk_len=chunk_len,
                                         batch_size=self.batch_size, reset_control=False, state_stats=True,
                                         state_points=self.state_points, with_nll=False, bf16=self.bf16,
-                                        progress=self.show_progress(trainer))
+                                        progress=self.show_progress(trainer, share_NL.shape[0]))
             assert res.state.positions == positions, "state positions must agree across ranks"
             curves = res.state
         totals = synced_sums(pl_module, {"sums": curves.sums_FKS,

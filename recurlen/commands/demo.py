@@ -5,7 +5,10 @@ Stages, each an ordinary recurlen run (the same LightningModule, DataModule and 
   2. post/<name>      the base post-trained briefly with each intervention, the same budget  runs/demo/post/<name>
   3. eval             position-wise loss to 32T, the reset control, state norms, EffRem   runs/demo/eval
   4. report           report.md + results.json + PNGs                                       runs/demo
-Post-trainings run `parallel` at a time with `threads_per_run` threads each. A finished stage is reused when
+`quick=true` (make demo QUICK=1) is the short form (QUICK below) in runs/demo-quick: fewer steps, three
+interventions, a shorter evaluation, and the same failure and fix with the same checks.
+Post-trainings run `parallel` at a time with `threads_per_run` threads each; the demo's bar estimates the time
+left from the stages' measured costs (recurlen.commands.demo_progress). A finished stage is reused when
 the demo runs again: its done marker matches the stage's arguments and its checkpoint reached the planned step
 (read from the checkpoint, never inferred from an exit code). SIGTERM, SIGUSR1 or SIGINT to the demo is passed
 on to the running stages (each in its own session, so a signal to the whole group arrives once): they write
@@ -30,8 +33,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from tqdm import tqdm
 
+from recurlen.commands.demo_progress import REFERENCE, DemoProgress
 from recurlen.commands.report import FAILS_MARGIN, GENERALIZES_TOL, bins_of, in_context_loss, write_report
 from recurlen.models import registry
 from recurlen.training.experiments.compose import experiments_dir
@@ -43,6 +46,22 @@ from recurlen.util.errors import Interrupted, UserError
 log = logging.getLogger(__name__)
 
 DONE_MARKER = "stage_done.json"
+TIMINGS = "demo_timings.json"
+"""Each stage's measured phases (start-up, seconds per step, finish), the evaluation's seconds and the load of the
+machine: what the bar's cost table (demo_progress.REFERENCE) is made from."""
+
+QUICK: dict = {
+    "pretrain_steps": 600,
+    "posttrain_steps": 250,
+    "posttrain_lr": 1.0e-3,
+    "interventions": ["none", "state_passing", "tbptt"],
+    "parallel": 3,
+    "eval": {"length": 512, "num_sequences": 32, "effrem_sequences": 8, "effrem_points": 5},
+    "overrides": ["trainer.val_every_n_steps=0", "data.val_sequences=8"],
+}
+"""`quick=true`: the settings of the short demo (over experiments/demo.yaml; the command line's win). Evaluated to
+16T = 512 tokens, where the base's failure shows ([8T,16T) is the bin the checks read); the training stages
+validate only at their end, on half the held-out sequences."""
 
 
 @dataclass
@@ -67,11 +86,13 @@ class DemoEval:
 class DemoConfig:
     pipeline: str = "demo"
     """Marks experiments/demo.yaml as a pipeline (run by `recurlen demo`), not a single training run."""
+    quick: bool = False
+    """The short demo (make demo QUICK=1): the settings of recurlen.commands.demo.QUICK, in runs/demo-quick."""
     arch: str = registry.DEFAULT
     """The architecture demonstrated: mamba2, mamba1 or gla (each has its demo-*-pretrain / -posttrain experiments)."""
     run_root: str | None = None
     """Where the stages' run directories, report.md and results.json go; None: runs/demo (Mamba-2) or
-    runs/demo-<arch>."""
+    runs/demo-<arch>, with -quick for the quick form (its runs never mix with the full demo's)."""
     parallel: int = 2
     """Post-trainings run at the same time (one per core)."""
     threads_per_run: int = 1
@@ -84,6 +105,8 @@ class DemoConfig:
     """The experiment of stage 2, run once per intervention; None: demo-posttrain or demo-<arch>-posttrain."""
     posttrain_steps: int | None = None
     """None: the post-train experiment's trainer.max_steps."""
+    posttrain_lr: float | None = None
+    """The post-trainings' peak rate (optim.lr); None: the post-train experiment's."""
     interventions: list[str] = field(default_factory=lambda: list(INTERVENTIONS))
     """Post-trainings to compare."""
     overrides: list[str] = field(default_factory=list)
@@ -101,7 +124,7 @@ class DemoConfig:
             raise ValueError(f"demo arch={self.arch!r} has no demo; allowed: {with_demo}")
         # The Mamba-2 demo keeps its original names (its runs and done markers stay valid).
         suffix = "" if self.arch == registry.DEFAULT else f"-{self.arch}"
-        self.run_root = self.run_root or f"runs/demo{suffix}"
+        self.run_root = self.run_root or f"runs/demo{suffix}{'-quick' if self.quick else ''}"
         self.pretrain_experiment = self.pretrain_experiment or _demo_experiment(self.arch, "pretrain")
         self.posttrain_experiment = self.posttrain_experiment or _demo_experiment(self.arch, "posttrain")
 
@@ -124,7 +147,10 @@ def load_demo_config(args: list[str]) -> DemoConfig:
     check_dotlist(args, DemoConfig, what="demo setting")
     path = experiments_dir() / "demo.yaml"
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(DemoConfig), OmegaConf.load(path), OmegaConf.from_dotlist(args))
+        given = OmegaConf.from_dotlist(args)
+        quick = OmegaConf.merge(OmegaConf.structured(DemoConfig), given).quick  # "quick=1" -> True
+        layers = [OmegaConf.load(path), *([OmegaConf.create(QUICK)] if quick else []), given]
+        cfg = OmegaConf.merge(OmegaConf.structured(DemoConfig), *layers)
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise ValueError(f"bad demo config: {str(err).splitlines()[0]} ({getattr(err, 'full_key', '')})") from err
@@ -137,7 +163,7 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
     root = Path(cfg.run_root)
     pre = _experiment_cfg(cfg, cfg.pretrain_experiment)
     post = _experiment_cfg(cfg, cfg.posttrain_experiment)
-    lines = ["recurlen demo: plan", *experiment_plan(pre, command="demo")[2:4],
+    lines = ["recurlen demo: plan" + (" (quick)" if cfg.quick else ""), *experiment_plan(pre, command="demo")[2:4],
              f"  1. pretrain      {cfg.pretrain_steps or pre.trainer.max_steps} steps -> {root / 'pretrain'}"
              + (" (done: reused)" if _stage_done(root / "pretrain", _stage_args(
                  cfg, cfg.pretrain_experiment, root / "pretrain", cfg.pretrain_steps, []),
@@ -146,7 +172,9 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
              f"time: {', '.join(cfg.interventions)} -> {root / 'post'}",
              f"  3. eval          {cfg.eval.num_sequences} held-out sequences of {cfg.eval.length} tokens"
              f"{' + EffRem' if cfg.eval.effrem else ''} -> {root / 'eval'}",
-             f"  4. report        {root / 'report.md'}"]
+             f"  4. report        {root / 'report.md'}",
+             f"  time         about {_minutes(_progress(cfg, disable=True).first_estimate)} on "
+             f"{REFERENCE.machine} (measured stage costs; the bar rescales them to this machine as it runs)"]
     return lines
 
 
@@ -208,7 +236,8 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
 
     The subprocess shows its step bar; its output goes to <run_dir>/train.log (the bar's last state per
     line) and every update is passed to on_step(step, max_steps), so the demo's own bar can show it.
-    The stage is marked done only when its checkpoint holds `planned_steps` steps."""
+    The stage is marked done only when its checkpoint holds `planned_steps` steps. Its phases are measured
+    (start-up to the first step, seconds per step, the last step to the exit: what the demo's bar prices)."""
     last = RunDir(run_dir).last_checkpoint
     inputs = stage_inputs(args)  # what the stage starts from: checked now, recorded when it is done
     if _stage_done(run_dir, args, planned_steps, inputs):
@@ -221,6 +250,17 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
     cmd = [sys.executable, "-m", "recurlen", "finetune", *args, f"trainer.num_threads={threads}",
            "trainer.progress_bar=true"]
     start = time.perf_counter()
+    seen: list[tuple[float, int]] = []  # (time, step) of the bar's first draw and of the last step it reached
+
+    def timed(step: int, total: int) -> None:
+        # Only a new step counts: the bar is drawn again after the end-of-run validation, which is the finish.
+        if not seen:
+            seen.append((time.perf_counter(), step))
+        elif step > seen[-1][1]:
+            seen[1:] = [(time.perf_counter(), step)]
+        if on_step is not None:
+            on_step(step, total)
+
     log_path = run_dir / "train.log"
     with open(log_path, "w") as logfile:
         # Its own session: a signal to the demo's process group reaches the stage once, through the demo.
@@ -229,12 +269,13 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
         with _STAGES.lock:
             _STAGES.running.add(proc)
         try:
-            _follow(proc, logfile, on_step)
+            _follow(proc, logfile, timed)
             returncode = proc.wait()
         finally:
             with _STAGES.lock:
                 _STAGES.running.discard(proc)
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
+    seconds = end - start
     step = checkpoint_step(last) if last.is_file() else None
     # Stopped on a signal, resumable: 128 + signal from the stage's handler, or -signal when it arrived before
     # the stage installed its handler (nothing trained since the last checkpoint).
@@ -250,8 +291,19 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
     if step is None or step < planned_steps:
         raise UserError(f"demo stage {name} exited 0 but its checkpoint is at step {step} of {planned_steps}; not "
                         f"marked done; run the demo again to continue it (log {log_path})")
-    write_json(run_dir / DONE_MARKER, {"args": args, "inputs": inputs, "seconds": seconds, "global_step": step})
-    return {"stage": name, "reused": False, "seconds": seconds, "steps": step}
+    phases = _phases(seen, start, end)
+    write_json(run_dir / DONE_MARKER, {"args": args, "inputs": inputs, "seconds": seconds, "global_step": step,
+                                       **phases})
+    return {"stage": name, "reused": False, "seconds": seconds, "steps": step, **phases}
+
+
+def _phases(seen: list[tuple[float, int]], start: float, end: float) -> dict:
+    """Start-up, seconds per step and finish of a stage, from the (time, step) of its first and last bar."""
+    if len(seen) < 2 or seen[-1][1] <= seen[0][1]:
+        return {}
+    (t0, s0), (t1, s1) = seen[0], seen[-1]
+    return {"startup_seconds": round(t0 - start, 2), "seconds_per_step": round((t1 - t0) / (s1 - s0), 5),
+            "finish_seconds": round(end - t1, 2), "steps_timed": s1 - s0}
 
 
 STEP_BAR = re.compile(r"train:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)")
@@ -306,52 +358,83 @@ def _run_demo(cfg: DemoConfig) -> Path:
     total_threads = cfg.parallel * cfg.threads_per_run
     timings: list[dict] = []
     t0 = time.perf_counter()
+    load_at_start = _load()
 
     _prepare_corpus(cfg)  # once, before parallel stages would race to build the same cache
-    stages = tqdm(total=2 + len(cfg.interventions), desc="demo", unit="stage", dynamic_ncols=True)
-    running: dict[str, str] = {}
-
-    def stepper(name: str) -> Callable[[int, int], None]:
-        def on_step(step: int, total: int) -> None:
-            running[name] = f"{name} {step}/{total}"
-            stages.set_postfix_str(", ".join(running.values()))
-
-        return on_step
-
-    stages.set_postfix_str("pretrain")
-    pretrain_dir = root / "pretrain"
+    progress = _progress(cfg)
+    log.info("demo: about %s on %s (the stages' measured costs; the bar rescales them to this machine's speed as "
+             "the stages report their steps)", _minutes(progress.first_estimate), REFERENCE.machine)
     pre_steps, post_steps = planned_steps(cfg)
-    timings.append(run_stage("pretrain", pretrain_dir,
-                             _stage_args(cfg, cfg.pretrain_experiment, pretrain_dir, cfg.pretrain_steps, []),
-                             threads=total_threads, planned_steps=pre_steps, on_step=stepper("pretrain")))
-    running.clear()
-    stages.update(1)
+    pretrain_dir = root / "pretrain"
 
-    base = RunDir(pretrain_dir).last_checkpoint
-
-    def post(name: str) -> dict:
-        run_dir = root / "post" / name
-        args = _stage_args(cfg, cfg.posttrain_experiment, run_dir, cfg.posttrain_steps,
-                           [f"intervention={name}", f"model.pretrained={base}"])
-        result = run_stage(f"post/{name}", run_dir, args, threads=cfg.threads_per_run, planned_steps=post_steps,
-                           on_step=stepper(f"post/{name}"))
-        running.pop(f"post/{name}", None)
-        stages.update(1)
-        stages.set_postfix_str(", ".join(running.values()) or f"post/{name} done")
+    def stage(name: str, run_dir: Path, args: list[str], *, threads: int, steps: int) -> dict:
+        progress.stage_started(name)
+        result = run_stage(name, run_dir, args, threads=threads, planned_steps=steps,
+                           on_step=lambda step, total: progress.on_step(name, step, total))
+        progress.stage_finished(name, reused=result["reused"])
         return result
 
-    with ThreadPoolExecutor(max_workers=cfg.parallel) as pool:
-        timings += list(pool.map(post, cfg.interventions))
+    finished = False
+    try:
+        timings.append(stage("pretrain", pretrain_dir,
+                             _stage_args(cfg, cfg.pretrain_experiment, pretrain_dir, cfg.pretrain_steps, []),
+                             threads=total_threads, steps=pre_steps))
+        base = RunDir(pretrain_dir).last_checkpoint
 
-    stages.set_postfix_str("eval (position-wise, reset control, state, EffRem)")
-    _evaluate(cfg, root, base, threads=total_threads)
-    stages.update(1)
-    stages.close()
+        def post(name: str) -> dict:
+            run_dir = root / "post" / name
+            rate = [f"optim.lr={cfg.posttrain_lr:g}"] if cfg.posttrain_lr is not None else []
+            args = _stage_args(cfg, cfg.posttrain_experiment, run_dir, cfg.posttrain_steps,
+                               [f"intervention={name}", f"model.pretrained={base}", *rate])
+            return stage(f"post/{name}", run_dir, args, threads=cfg.threads_per_run, steps=post_steps)
 
+        with ThreadPoolExecutor(max_workers=cfg.parallel) as pool:
+            timings += list(pool.map(post, cfg.interventions))
+
+        progress.eval_started()
+        t_eval = time.perf_counter()
+        _evaluate(cfg, root, base, threads=total_threads)
+        eval_seconds = time.perf_counter() - t_eval
+        finished = True
+    finally:
+        progress.close(finished=finished)  # stopped by a signal or an error: the bar stays where it was
+
+    wall = time.perf_counter() - t0
+    write_json(root / TIMINGS, {"stages": timings, "eval_seconds": round(eval_seconds, 2),
+                                "wall_seconds": round(wall, 1), "load_average_at_start": load_at_start,
+                                "load_average_at_end": _load(), "cpus": os.cpu_count(), "quick": cfg.quick})
     write_report([root / "eval" / "results.json"], out_dir=root, timings=timings,
-                 wall_seconds=time.perf_counter() - t0, notes=setup_notes(cfg), checks=demo_checks)
+                 wall_seconds=wall, notes=setup_notes(cfg), checks=demo_checks)
     log.info("demo finished in %.0f s: %s", time.perf_counter() - t0, root / "report.md")
     return root
+
+
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages, recorded with the timings (a busy machine explains a slow demo)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _progress(cfg: DemoConfig, *, disable: bool = False) -> DemoProgress:
+    """The demo's bar, its stages priced from the reference costs (recurlen.commands.demo_progress)."""
+    from recurlen.diagnostics.effrem import default_t_grid, suffix_tokens
+
+    pre_steps, post_steps = planned_steps(cfg)
+    ev = cfg.eval
+    effrem_len = 4 * _experiment_cfg(cfg, cfg.pretrain_experiment).data.seq_len  # the runner's default T of EffRem
+    effrem = ev.effrem_sequences * suffix_tokens(effrem_len, default_t_grid(effrem_len, ev.effrem_points)) \
+        if ev.effrem else 0
+    parts = ["position-wise", "reset control", "state"] + (["EffRem"] if ev.effrem else [])
+    return DemoProgress(pretrain_steps=pre_steps, post_steps=post_steps, interventions=list(cfg.interventions),
+                        parallel=cfg.parallel, eval_models=1 + len(cfg.interventions),
+                        eval_tokens=ev.num_sequences * ev.length, effrem_tokens=effrem,
+                        eval_label=f"eval ({', '.join(parts)})", arch=cfg.arch, disable=disable)
 
 
 def planned_steps(cfg: DemoConfig) -> tuple[int, int]:
@@ -388,7 +471,9 @@ def setup_notes(cfg: DemoConfig) -> list[str]:
         f"steps from a zero initial state at T = {pre.data.seq_len} (batch {pre.data.batch_size}, lr "
         f"{pre.optim.lr:g}) on `{pre.data.source}`.",
         f"- Post-training: {post_steps}, lr "
-        f"{post.optim.lr:g}, the same data and T.",
+        f"{cfg.posttrain_lr or post.optim.lr:g}, the same data and T."
+        + (" The quick form of the demo (`make demo QUICK=1`): fewer steps, post-trained at a higher rate, "
+           "evaluated to 16T; `make demo` runs the full one." if cfg.quick else ""),
         f"- Memories start slowly decaying ({init or 'the preset as it is'}; `model.arch` of the "
         f"experiments/model/{model.architecture}/ file over the model table's `{pre.model.name}`). With the default "
         "initialisation, models of this size did NOT fail past T in probes on 2 CPU cores (measured for Mamba-2 "

@@ -127,11 +127,12 @@ def effrem_batch(model: nn.Module, ids_BT: torch.Tensor, t_grid: Sequence[int], 
 def effective_remembrance(model: nn.Module, sequences: torch.Tensor | Sequence[torch.Tensor], *, context_len: int,
                           t_grid: Sequence[int] | None = None, num_points: int = 17, num_sequences: int | None = None,
                           train_len: int | None = None, chunk_len: int = 2048, batch_size: int = 8,
-                          max_batch_rows: int = 64, bf16: bool = False, progress: bool = False) -> EffRemResult:
+                          max_batch_rows: int = 64, bf16: bool = False, progress: bool | str = False) -> EffRemResult:
     """EffRem_T(t) averaged over held-out sequences (the first `num_sequences` with >= T tokens).
 
     context_len is T; train_len, when given, must be smaller than T (the diagnostic is about
     contexts beyond training). t_grid defaults to `num_points` evenly spaced values in [0, T-1].
+    progress: a progress bar; a str is its label.
     """
     require_state_api(model)
     if train_len is not None and context_len <= train_len:
@@ -145,7 +146,8 @@ def effective_remembrance(model: nn.Module, sequences: torch.Tensor | Sequence[t
     device = model_device(model)
     tv_sum_G = torch.zeros(len(grid), dtype=torch.float64)
     total = seqs_NT.shape[0] * suffix_tokens(context_len, grid)
-    with eval_mode(model), tqdm(total=total, disable=not progress, desc="EffRem", unit="tok", unit_scale=True,
+    label = progress if isinstance(progress, str) else "EffRem"
+    with eval_mode(model), tqdm(total=total, disable=not progress, desc=label, unit="tok", unit_scale=True,
                                 leave=False) as bar:
         for first in range(0, seqs_NT.shape[0], batch_size):
             ids_BT = seqs_NT[first:first + batch_size].to(device)

@@ -166,13 +166,14 @@ def evaluate_positionwise(model: nn.Module, sequences: torch.Tensor | Sequence[t
                           seq_len: int | None = None, num_sequences: int | None = None, chunk_len: int = 2048,
                           batch_size: int = 8, reset_control: bool = True, state_stats: bool = True,
                           state_points: int = 48, with_nll: bool = True, bf16: bool = False,
-                          progress: bool = False, require_beyond_context: bool = True) -> PositionwiseResult:
+                          progress: bool | str = False, require_beyond_context: bool = True) -> PositionwiseResult:
     """Position-wise NLL (full pass, and the reset control), with state statistics from the full pass.
 
     sequences: held-out token ids, (num, >= seq_len) or a list of 1-D tensors; the first
     `num_sequences` long enough ones are used, cut to `seq_len` (default: all, at their length).
     Memory is O(batch_size * chunk_len) for activations plus O(seq_len) for the NLL sums.
     with_nll=False (state statistics only) skips the LM head and the reset control.
+    progress: a progress bar; a str is its label (a caller says what the pass is part of).
     """
     require_state_api(model)
     if train_len < 1:
@@ -196,7 +197,8 @@ def evaluate_positionwise(model: nn.Module, sequences: torch.Tensor | Sequence[t
     reset_sum_P = torch.zeros(seq_len - 1, dtype=torch.float64) if reset_control else None
     curves = StateCurves.empty(ends, model.zero_state(1).n_layer) if state_stats else None
     passes = 2 if reset_control else 1
-    with eval_mode(model), tqdm(total=num * seq_len * passes, disable=not progress, desc="position-wise",
+    with eval_mode(model), tqdm(total=num * seq_len * passes, disable=not progress,
+                                desc=progress if isinstance(progress, str) else "position-wise",
                                 unit="tok", unit_scale=True, leave=False) as bar:
         for first in range(0, num, batch_size):
             ids_BL = seqs_NL[first:first + batch_size].to(device)

@@ -68,7 +68,12 @@ def read_config(directory: Path, config_cls: type, *, from_json: Callable[..., A
     `from_json(raw, source=)` (default: the official config.json, config_cls.from_official_json)."""
     own = Path(directory) / RECURLEN_CONFIG_NAME
     if own.is_file():
-        return config_cls.from_dict(_read_json(own))
+        try:
+            return config_cls.from_dict(_read_json(own))
+        except (TypeError, ValueError) as err:  # e.g. config.json replaced by another architecture's, this one not
+            raise UserError(f"{own} does not describe the {config_cls.__name__} that {CONFIG_NAME} next to it "
+                            f"describes ({err}); the two files come from different models: restore the directory, "
+                            f"or delete {RECURLEN_CONFIG_NAME} to load from {CONFIG_NAME} alone") from err
     from_json = from_json or config_cls.from_official_json
     return from_json(read_official_json(directory), source=str(Path(directory) / CONFIG_NAME))
 

@@ -1,8 +1,12 @@
-"""Non-finite values injected into training at one optimizer step, for the fault tests (RECURLEN_FAULT, see
-recurlen.util.faults).
+"""Faults injected into training at one optimizer step, for the fault tests (RECURLEN_FAULT, see
+recurlen.util.faults): a non-finite value (InjectNonFinite), or a signal / kill -9 at a chosen moment of a training
+step or of a validation run (InterruptRun).
 
-The trainer gets this callback only when such a fault is asked for, and it installs its hooks when training
-starts: a run without a fault has no fault code in its training step, gradient check or optimizer step.
+The trainer gets one of these callbacks only when such a fault is asked for (`from_env`), and InjectNonFinite
+installs its hooks when training starts: a run without a fault has no fault code in its training step, gradient
+check, optimizer step or validation.
+
+Non-finite values:
 
   state   the final state of layer 0 (its recurrent part), as the model returns it in the training step
   loss    the step's logits, so its loss
@@ -12,6 +16,7 @@ starts: a run without a fault has no fault code in its training step, gradient c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import lightning as L
@@ -32,10 +37,10 @@ class InjectNonFinite(Callback):
         self._undo: list[Callable[[], None]] = []
 
     @classmethod
-    def from_env(cls) -> InjectNonFinite | None:
-        """The callback RECURLEN_FAULT asks this process for; None when it asks for none."""
-        fault = faults.nan_fault()
-        return None if fault is None else cls(*fault)
+    def from_env(cls) -> Callback | None:
+        """The callback RECURLEN_FAULT asks this process for, of either kind (see `from_env` of this module, which
+        the trainer may call instead); None when it asks for none."""
+        return from_env()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         model = pl_module.model
@@ -73,6 +78,56 @@ class InjectNonFinite(Callback):
 
         setattr(model, method, wrapped)  # an instance attribute: deleting it brings the class's method back
         self._undo.append(lambda: setattr(model, method, original) if own else delattr(model, method))
+
+
+class InterruptRun(Callback):
+    """Sends `signum` to this process once, at `moment` of the training step taken while global_step is `step`
+    (point=train) or of the validation run after `step` optimizer steps (point=validation).
+
+    A signal sent to oneself is delivered before os.kill returns, so its handler (recurlen.training.preemption)
+    runs exactly there: the moment a scheduler's signal would hit, made reproducible."""
+
+    def __init__(self, point: str, step: int, moment: str, signum: int) -> None:
+        if point not in faults.RUN_POINTS or moment not in faults.MOMENTS[point]:
+            raise ValueError(f"point={point!r}, moment={moment!r} is unknown; allowed: {faults.MOMENTS}")
+        self.point, self.step, self.moment, self.signum = point, step, moment, signum
+        self._sent = False
+
+    def _maybe(self, trainer: L.Trainer, point: str, moment: str, *, steps_taken: int = 0) -> None:
+        """steps_taken: how far global_step has moved on since the step began (1 once its update is done)."""
+        if (self._sent or (point, moment) != (self.point, self.moment) or trainer.sanity_checking
+                or trainer.global_step - steps_taken != self.step):
+            return
+        self._sent = True  # once: a second handled signal would end the process at once, another fault
+        os.kill(os.getpid(), self.signum)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._maybe(trainer, "train", "batch_start")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._maybe(trainer, "train", "after_backward")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._maybe(trainer, "train", "batch_end", steps_taken=1)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._maybe(trainer, "validation", "start")
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._maybe(trainer, "validation", "batch")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._maybe(trainer, "validation", "end")
+
+
+def from_env() -> Callback | None:
+    """The fault callback RECURLEN_FAULT asks this process for: InjectNonFinite, InterruptRun, or None (a fault in
+    a file write is injected by recurlen.util.atomic_files, without a callback)."""
+    nan = faults.nan_fault()
+    if nan is not None:
+        return InjectNonFinite(*nan)
+    run = faults.run_fault()
+    return None if run is None else InterruptRun(*run)
 
 
 def _poison_first_layer(state: LayeredState) -> LayeredState:

@@ -81,6 +81,17 @@ class RunCheckpoint(ModelCheckpoint):
                          enable_version_counter=False)
         self.CHECKPOINT_NAME_LAST = LAST_CHECKPOINT.removesuffix(self.FILE_EXTENSION)
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        every = self._every_n_train_steps
+        if every >= 1 and trainer.global_step % every == 0 and not self._should_skip_saving_checkpoint(trainer):
+            # Lightning hands a step's metrics to the loggers only after this hook, so a process killed while the
+            # checkpoint below is written would leave a checkpoint of this step whose scalars were never logged,
+            # and the resume, starting after it, never logs them either. They are logged first (Lightning logs
+            # them again after the hook: the same values at the same step, once per checkpoint).
+            trainer._logger_connector.update_train_step_metrics()
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         # Recent Lightning saves last on train end itself; older versions do not. Never save twice.

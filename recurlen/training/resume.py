@@ -289,6 +289,7 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
         raise UserError(f"{run.path} holds a run whose fixed settings differ from those asked for: "
                         f"{'; '.join(map(str, fixed))}; resuming would mix two runs; {_new_run_hint(run)}")
     step = int(ckpt["global_step"])
+    revalidate_pending(ckpt, due=validation_due(step, requested, max_steps=max_steps))
     decision = Decision(checkpoint=str(chosen), loaded=ckpt, step=step, changed=changed, moved_aside=moved,
                         finished=step >= max_steps)
     if explicit and rank == 0 and not decision.finished:
@@ -298,9 +299,76 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
             log.info("%s is at step %d, trainer.max_steps=%d: nothing to train%s", chosen, step, max_steps,
                      f" (changed settings not applied: {'; '.join(map(str, changed))})" if changed else
                      "; raise trainer.max_steps to continue")
+            stop = (ckpt.get("callbacks") or {}).get("Preemption") or {}
+            if stop.get("stopped_after") == "step" and validation_due(step, requested, max_steps=max_steps):
+                # A signal in the last step writes the checkpoint first and skips the end-of-run validation.
+                log.warning("its end-of-run validation was skipped by the signal that stopped it at step %d; "
+                            "measure the trained model with: recurlen eval %s --out %s", step, run.path,
+                            run.path / "eval")
         elif changed:
             log.info("resuming %s at step %d with changed settings: %s", chosen, step, "; ".join(map(str, changed)))
     return decision
+
+
+_VAL_PROGRESS, _TRAIN_PROGRESS = "epoch_loop.val_loop.batch_progress", "epoch_loop.batch_progress"
+_TRAIN_STATE = "epoch_loop.state_dict"
+
+
+def validation_due(step: int, requested: dict, *, max_steps: int) -> bool:
+    """Whether the run validates right after optimizer step `step` (the schedule recurlen.training.finetune gives
+    the Trainer: every trainer.val_every_n_steps steps, or once at max_steps when that is 0)."""
+    t = requested.get("trainer") or {}
+    every = int(t.get("val_every_n_steps") or 0)
+    every = min(every if every > 0 else max_steps, max_steps)
+    return every > 0 and step > 0 and step % every == 0 and float(t.get("limit_val_batches", 1.0) or 0) > 0
+
+
+def revalidate_pending(ckpt: dict, *, due: bool) -> None:
+    """Make Lightning's resume from a step whose validation was due (`due`) run that validation exactly when the
+    checkpoint does not include it, and log every later step at its own step.
+
+    Lightning reads where in the loop a checkpoint was written from its progress counters:
+      - at the end of a training step, before the step's validation (recurlen's periodic checkpoints). Lightning
+        assumes the validation ran and skips it ("fast-forward to the end of evaluation"); when the process died
+        during that validation (kill -9, a lost node) its metrics were never logged;
+      - after the step's end was counted, which Lightning takes for "at the end of the validation", written before
+        the logging step moves on. recurlen writes these when training ends (a stop signal, the last step): after
+        the logging step moved on, so Lightning's resume, which moves it on once more, would log every later step
+        one step late. And a stop signal skips a due validation so that the checkpoint comes first
+        (recurlen.training.preemption records `stopped_after: step` in its callback state): it was never run.
+    Either way the resumed run's logs (and the diagnostics run with each validation) would differ from the
+    uninterrupted run's: a hole in the validation curve, or every later point shifted. Here the loaded checkpoint is
+    made to look like one written as that validation began when it is pending (Lightning then runs it first, then
+    trains on), or at its end when it ran. Running it again when it had in fact finished (a periodic checkpoint whose
+    process died after the validation) is harmless: the callbacks' state in the checkpoint is from before it, and it
+    logs the same values at the same step.
+
+    Only Lightning's loop counters change, in the loaded checkpoint (the file stays as it is). Every resume first
+    makes the validation counters consistent again, so the mark a validation run this way leaves in a later
+    checkpoint never counts as a validation in progress."""
+    loops = ckpt.get("loops")
+    fit = loops.get("fit_loop") if isinstance(loops, dict) else None
+    if not isinstance(fit, dict) or any(key not in fit for key in (_VAL_PROGRESS, _TRAIN_PROGRESS, _TRAIN_STATE)):
+        return  # not written by a Lightning training loop this code knows: leave it as it is
+    val, train = fit[_VAL_PROGRESS], fit[_TRAIN_PROGRESS]
+    done = val["total"]["completed"]
+    val["total"].update(ready=done, started=done, processed=done)
+    t = train["total"]
+    if not due or not t["started"] == t["ready"] == t["processed"]:
+        return
+    if t["completed"] == t["processed"] - 1:  # the end of a step: the validation is to come
+        for part in ("total", "current"):  # what Lightning itself counts when it resumes from the end of a step
+            train[part]["completed"] += 1
+    elif t["completed"] == t["processed"]:  # training ended: the logging step has already moved on
+        fit[_TRAIN_STATE]["_batches_that_stepped"] -= 1
+        stopped = (ckpt.get("callbacks") or {}).get("Preemption") or {}
+        if stopped.get("stopped_after") != "step":
+            return  # the validation ran before the checkpoint: Lightning skips it and moves the logging step on
+    else:
+        return
+    # One validation batch started, none processed: Lightning runs the validation, then moves the logging step on.
+    val["total"].update(ready=done + 1, started=done + 1)
+    val["current"].update(ready=1, started=1, processed=0, completed=0)
 
 
 def _archive_stamp(run: RunDir, prefix: str = "") -> Path:
@@ -379,4 +447,5 @@ def record(run: RunDir, resolved: dict, decision: Decision, *, note: dict | None
 
 
 __all__ = ["CHANGEABLE", "FIXED", "Damaged", "Decision", "Difference", "ModelMismatch", "config_differences",
-           "decide", "kind_of", "move_aside", "newest_finite_checkpoint", "record", "validate_checkpoint"]
+           "decide", "kind_of", "move_aside", "newest_finite_checkpoint", "record", "revalidate_pending",
+           "validate_checkpoint", "validation_due"]

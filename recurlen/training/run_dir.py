@@ -231,7 +231,14 @@ def run_config(path: str | Path) -> dict | None:
         return run.read_config()
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".ckpt":
-        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        from recurlen.util.errors import load_error
+
+        try:
+            ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as err:  # a planted pickle, a truncated file: one line naming it, as load_checkpoint_file
+            raise load_error(p, err) from err
+        if not isinstance(ckpt, dict):
+            raise UserError(f"{p} is not a recurlen checkpoint (it holds a {type(ckpt).__name__}, not a dict)")
         return dict(ckpt.get("hyper_parameters") or {}) or None
     return None
 

@@ -198,6 +198,37 @@ def test_eval_of_a_damaged_official_directory(tmp_path, capsys, official):
                    f"backbone.embedding.weight ({rows}, {width})")
 
 
+def test_a_checkpoint_outside_a_run_directory_that_does_not_load_is_one_line(tmp_path, capsys):
+    """eval reads the held-out data's settings from a lone .ckpt's hyperparameters: a planted pickle or a truncated
+    file is refused there in one line, as inside a run directory."""
+    import pickle
+
+    class Planted:
+        def __reduce__(self):
+            return (os.system, ("echo planted",))
+
+    planted = tmp_path / "planted.ckpt"
+    planted.write_bytes(pickle.dumps({"hyper_parameters": Planted()}))
+    one_line_error(capsys, ["eval", f"x={planted}", "train_len=32", "--out", str(tmp_path / "e1")], str(planted))
+    truncated = tmp_path / "truncated.ckpt"
+    torch.save({"hyper_parameters": {"a": 1}, "w": torch.zeros(1000)}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    one_line_error(capsys, ["eval", f"x={truncated}", "train_len=32", "--out", str(tmp_path / "e2")], str(truncated))
+    assert not (tmp_path / "e1").exists() and not (tmp_path / "e2").exists()
+
+
+def test_an_official_directory_whose_two_configs_disagree_is_one_line(tmp_path, capsys, official):
+    """config.json replaced by another architecture's while recurlen_config.json still holds this one's."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for f in official.iterdir():
+        (mixed / f.name).write_bytes(f.read_bytes())
+    other = registry.get("mamba1")
+    (mixed / "config.json").write_text(json.dumps(other.preset("nano").to_official_json()))
+    one_line_error(capsys, ["eval", f"x={mixed}", "train_len=32", "--out", str(tmp_path / "e1")],
+                   "recurlen_config.json does not describe the", "the two files come from different models")
+
+
 def test_the_command_prints_no_traceback_for_unreadable_data(tmp_path, cache_dir):
     """The real command line: datasets' own error log is silenced, its reason is in the one line."""
     source = tmp_path / "bad.jsonl"

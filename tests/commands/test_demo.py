@@ -1,9 +1,11 @@
 """`make demo` end to end at toy size: every stage runs as a subprocess and every artefact is written."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -235,3 +237,50 @@ def test_quick_demo_of_each_architecture_reports_its_checks(tmp_path, arch, titl
     assert "state_passing fixes it: full - reset <= +0.05 in every bin up to 8T" in checks, checks
     report = (root / "report.md").read_text()
     assert f"- Base: {title} (" in report and "Memories start slowly decaying" in report
+
+
+# ---- the quick form (make demo QUICK=1) ----
+
+
+def test_quick_demo_has_its_own_folder_and_settings_and_the_command_line_still_wins():
+    from recurlen.commands.demo import QUICK, demo_plan
+
+    full, quick = load_demo_config([]), load_demo_config(["quick=true"])
+    assert (full.run_root, quick.run_root) == ("runs/demo", "runs/demo-quick")  # never mixed with the full runs
+    assert quick.pretrain_steps == QUICK["pretrain_steps"] < 2000 and quick.posttrain_steps == QUICK["posttrain_steps"]
+    assert {"none", "state_passing", "tbptt"} <= set(quick.interventions) and full.interventions != quick.interventions
+    assert quick.eval.length >= 16 * 32  # the checks read [8T,16T)
+    assert load_demo_config(["quick=1", "pretrain_steps=1200"]).pretrain_steps == 1200
+    assert load_demo_config(["quick=true", "arch=gla"]).run_root == "runs/demo-gla-quick"
+    plan = "\n".join(demo_plan(quick))
+    assert "recurlen demo: plan (quick)" in plan and "runs/demo-quick/pretrain" in plan
+    # The plan states the time from the measured stage costs: the quick form at most a third of the full one.
+    minutes = [float(re.search(r"time +about ([\d.]+) min", "\n".join(demo_plan(c))).group(1)) for c in (full, quick)]
+    assert minutes[1] <= minutes[0] / 3, minutes
+
+
+def test_make_demo_quick_passes_quick_to_the_demo():
+    root = Path(__file__).resolve().parents[2]
+    quick = subprocess.run(["make", "-n", "demo", "QUICK=1"], cwd=root, capture_output=True, text=True, timeout=60)
+    full = subprocess.run(["make", "-n", "demo"], cwd=root, capture_output=True, text=True, timeout=60)
+    assert "recurlen demo quick=true" in quick.stdout, quick.stdout
+    assert "quick" not in full.stdout, full.stdout
+
+
+@pytest.mark.slow  # ~3 min on 2 idle cores: the quick demo as `make demo QUICK=1` runs it
+def test_quick_demo_shows_the_failure_and_the_fix(tmp_path):
+    root, cache = tmp_path / "demo-quick", tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-m", "recurlen", "demo", "quick=true", f"run_root={root}"],
+                          capture_output=True, text=True, timeout=1800,
+                          env={"RECURLEN_CACHE": str(cache), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "?stage/s" not in proc.stderr and "demo: about" in proc.stderr
+    checks = json.loads((root / "results.json").read_text())["checks"]
+    names = {c["check"] for c in checks}
+    assert {"baseline fails: full - reset >= +0.3 in [8T,16T)",
+            "state_passing fixes it: full - reset <= +0.05 in every bin up to 16T",
+            "tbptt fixes it: full - reset <= +0.05 in every bin up to 16T"} <= names, names
+    assert all(c["passed"] for c in checks), checks
+    timings = json.loads((root / "demo_timings.json").read_text())
+    assert timings["quick"] and {t["stage"] for t in timings["stages"]} == {
+        "pretrain", "post/none", "post/state_passing", "post/tbptt"}
