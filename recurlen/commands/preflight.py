@@ -13,6 +13,7 @@ from pathlib import Path
 from recurlen.models import registry
 from recurlen.training.run_dir import CHECKPOINTS_DIR, LAST_CHECKPOINT, RunDir
 from recurlen.util.errors import UserError
+from recurlen.util.tokenizers import package_file
 
 RUN_CHECKPOINT = Path(CHECKPOINTS_DIR) / LAST_CHECKPOINT
 
@@ -60,13 +61,15 @@ def describe_checkpoint(spec: str) -> str:
 def describe_tokenizer(spec: str) -> str:
     if spec in ("bytes", "byte"):
         return "bytes"
+    if spec.startswith("package:"):  # a vocabulary file shipped in an installed package
+        return f"{spec} ({package_file(spec)})"
     if Path(spec).expanduser().exists():
         return f"{spec} (local)"
     if looks_like_hub_id(spec):
         cached = _hub_cached(spec, "tokenizer.json") or _hub_cached(spec, "tokenizer_config.json")
         return f"{spec} (hub id, {_cache_note(cached)})"
     raise UserError(f"tokenizer {spec!r} does not exist; allowed: 'bytes', a tokenizer.json file, a tokenizer "
-                    "directory, or a hub id (owner/name)")
+                    "directory, a vocabulary list file, package:<package>/<file>, or a hub id (owner/name)")
 
 
 def describe_data(data) -> str:

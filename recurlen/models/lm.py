@@ -13,6 +13,8 @@ under their official names in `__init__` (so checkpoints load without renaming),
     kernels                 its optional kernels (a KernelPath)
     official                its checkpoint format (an OfficialFormat)
     transformers            its format in transformers, where transformers has a class for it (a TransformersFormat)
+    weights_file            its release format as one weights file without config.json, where it has one
+                            (a WeightsFileFormat: from_pretrained then also takes such a file)
     embedding, layers       the nn.Embedding and the ModuleList of blocks
     start(hidden) / finish(carry)   what flows between blocks (default: the hidden states) and the final norm
 
@@ -22,6 +24,7 @@ A block is called as `carry, parts = block(carry, parts, use_kernels=...)` and `
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -33,6 +36,8 @@ from recurlen.models.backends import KernelPath, check_backend
 from recurlen.models.official import OfficialFormat
 from recurlen.models.state import LayeredState
 from recurlen.models.transformers_format import TransformersFormat
+from recurlen.models.weights_file import WeightsFileFormat
+from recurlen.util.errors import UserError
 from recurlen.util.hub import resolve_pretrained_dir
 
 
@@ -42,6 +47,7 @@ class StatefulLM(nn.Module):
     kernels: ClassVar[KernelPath]
     official: ClassVar[OfficialFormat]
     transformers: ClassVar[TransformersFormat | None] = None
+    weights_file: ClassVar[WeightsFileFormat | None] = None
 
     def __init__(self, config: Any, *, backend: str = "auto") -> None:
         super().__init__()
@@ -154,7 +160,17 @@ class StatefulLM(nn.Module):
     def from_pretrained(cls, path_or_hub_id: str, *, backend: str = "auto", device: str | torch.device | None = None,
                         dtype: torch.dtype = torch.float32) -> StatefulLM:
         """Load a directory (config.json + weights) in the official format or in transformers' (where the
-        architecture has one), or a hub id from the local cache."""
+        architecture has one), a hub id from the local cache, or a weights file of the architecture's own release
+        format (where it has one: `weights_file`)."""
+        path = Path(str(path_or_hub_id)).expanduser()
+        if path.is_file():
+            if cls.weights_file is None or not cls.weights_file.handles(path):
+                what = f"a {cls.weights_file.suffix} file" if cls.weights_file else "a checkpoint directory"
+                raise UserError(f"{path} is a file; {cls.__name__} loads {what} or a directory holding config.json")
+            config, state_dict = cls.weights_file.load(path)
+            model = cls(config, backend=backend)
+            official.load_strict(model, state_dict, cls.official, source=str(path))
+            return model.to(device=device, dtype=dtype)
         directory = resolve_pretrained_dir(str(path_or_hub_id))
         if cls.transformers is not None and cls.transformers.recognises(official.read_official_json(directory)):
             config, state_dict = transformers_format.read(directory, cls, cls.transformers)

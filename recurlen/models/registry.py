@@ -91,7 +91,10 @@ def of_config(config: Any) -> Architecture:
 
 
 def detect(directory: Path) -> Architecture:
-    """The architecture of a checkpoint directory, from its official config.json."""
+    """The architecture of a checkpoint directory, from its official config.json; or of a weights file, from the
+    architectures whose release format is one file (`weights_file`)."""
+    if Path(directory).is_file():
+        return _detect_file(Path(directory))
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{directory} has no config.json")
@@ -106,6 +109,23 @@ def detect(directory: Path) -> Architecture:
         raise UserError(f"{path} is {'ambiguous between ' + str([a.name for a in found]) if found else 'not'} "
                          f"a config of a known architecture ({sorted(architectures())})")
     return found[0]
+
+
+def _detect_file(path: Path) -> Architecture:
+    from recurlen.models.weights_file import read_tensors
+
+    candidates = [a for a in architectures().values()
+                  if a.model_cls.weights_file is not None and a.model_cls.weights_file.handles(path)]
+    if candidates:
+        tensors = read_tensors(path)
+        found = [a for a in candidates if a.model_cls.weights_file.recognises(tensors)]
+        if len(found) == 1:
+            return found[0]
+    formats = sorted(f"{a.name}: {a.model_cls.weights_file.suffix}" for a in architectures().values()
+                     if a.model_cls.weights_file is not None)
+    known = ", ".join(formats) or "none"
+    raise UserError(f"{path} is a file but not a weights file of a known architecture ({known}); pass a checkpoint "
+                    "directory holding config.json")
 
 
 __all__ = ["DEFAULT", "ORDER", "architectures", "detect", "get", "of_config", "of_model", "register", "unregister"]

@@ -31,6 +31,9 @@ class ModelRow:
     """Fields of the architecture's config; fields not given keep the config's defaults."""
     hub_id: str | None = None
     """The official checkpoint on the Hugging Face hub; None for the CPU shapes, trained from scratch."""
+    hub_file: str | None = None
+    """The weights file inside the hub repository, where the repository holds several models' files (one .pth per
+    size, as BlinkDL's do); None where the repository is the checkpoint directory."""
     tokenizer: str = "bytes"
     """The tokenizer it was trained with: 'bytes', or a hub id whose files hold the tokenizer."""
     pretrain_lr: float | None = None
@@ -69,6 +72,12 @@ _MAMBA2 = dict(vocab_size=50277, pad_vocab_size_multiple=16, d_state=128, headdi
                chunk_size=256)  # embedding padded 50277 -> 50288
 _MAMBA1 = dict(vocab_size=50277, pad_vocab_size_multiple=8, d_state=16, expand=2)  # 50277 -> 50280
 _GLA = dict(num_hidden_layers=24, num_heads=4, vocab_size=32000)
+# BlinkDL's RWKV-6 world models (BlinkDL/rwkv-6-world, RWKV-x060-World-*-v2.1-*-ctx4096.pth): heads of 64, key and
+# value dims = hidden, channel mix 3.5 x hidden, the world tokenizer (65536 ids, shipped in the `rwkv` package),
+# trained at context 4096 (the files' ctx4096). Their .pth holds no config; ln_x's eps is BlinkDL's 64e-5.
+_RWKV6 = dict(vocab_size=65536, expand_k=1.0, expand_v=1.0, hidden_ratio=3.5, head_norm_eps=64e-5)
+_WORLD = dict(hub_id="BlinkDL/rwkv-6-world", tokenizer="package:rwkv/rwkv_vocab_v20230424.txt", train_seq_len=4096,
+              default_data="pile-world")
 
 MODELS: tuple[ModelRow, ...] = (
     # ---- Mamba-2. CPU shapes: byte vocabulary of the embedded corpus.
@@ -110,6 +119,20 @@ MODELS: tuple[ModelRow, ...] = (
     ModelRow("gla-340m", "gla", dict(hidden_size=1024, tie_word_embeddings=True, **_GLA),
              hub_id="fla-hub/gla-340M-15B", **_PILE_GLA),
     ModelRow("gla-1.3b", "gla", dict(hidden_size=2048, **_GLA), hub_id="fla-hub/gla-1.3B-100B", **_PILE_GLA),
+    # ---- RWKV-6 (Finch). CPU shapes: byte vocabulary.
+    ModelRow("rwkv6-nano", "rwkv6", dict(hidden_size=64, num_hidden_layers=2, num_heads=2, intermediate_size=128,
+                                         proj_low_rank_dim=8, gate_low_rank_dim=16)),
+    ModelRow("rwkv6-tiny", "rwkv6", dict(hidden_size=128, num_hidden_layers=2, num_heads=2, intermediate_size=256,
+                                         proj_low_rank_dim=16, gate_low_rank_dim=32)),
+    ModelRow("rwkv6-1.6b", "rwkv6", dict(hidden_size=2048, num_hidden_layers=24, num_heads=32, proj_low_rank_dim=32,
+                                         gate_low_rank_dim=64, **_RWKV6),
+             hub_file="RWKV-x060-World-1B6-v2.1-20240328-ctx4096.pth", **_WORLD),
+    ModelRow("rwkv6-3b", "rwkv6", dict(hidden_size=2560, num_hidden_layers=32, num_heads=40, proj_low_rank_dim=32,
+                                       gate_low_rank_dim=64, **_RWKV6),
+             hub_file="RWKV-x060-World-3B-v2.1-20240417-ctx4096.pth", **_WORLD),
+    ModelRow("rwkv6-7b", "rwkv6", dict(hidden_size=4096, num_hidden_layers=32, num_heads=64, proj_low_rank_dim=64,
+                                       gate_low_rank_dim=128, **_RWKV6),
+             hub_file="RWKV-x060-World-7B-v2.1-20240507-ctx4096.pth", **_WORLD),
 )
 
 
@@ -153,13 +176,17 @@ def official(directory: str | Path) -> ModelRow | None:
     """The official checkpoint a hub id or a checkpoint directory is, by name, never by what it holds: the hub id
     itself, a directory named like the hub repository (.../mamba2-780m), or the repository's snapshot in the
     Hugging Face cache (.../models--state-spaces--mamba2-780m/snapshots/<revision>). None for anything else
-    (a directory of one's own, even one named mamba2-780m-long, states nothing about how it was trained)."""
+    (a directory of one's own, even one named mamba2-780m-long, states nothing about how it was trained). A row
+    with a hub_file is named by that file (its repository holds other models too)."""
     path = Path(directory)
     seen = {path.name.lower()}
     if path.parent.name == "snapshots":
         seen.add(path.parent.parent.name.lower())
     for row in rows():
-        if row.hub_id is not None:
+        if row.hub_file is not None:  # one of several files of its repository: only the file names its model
+            if path.name.lower() == row.hub_file.lower():
+                return row
+        elif row.hub_id is not None:
             repo = row.hub_id.lower()
             if seen & {repo.split("/")[-1], "models--" + repo.replace("/", "--")}:
                 return row

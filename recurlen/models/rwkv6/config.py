@@ -1,0 +1,151 @@
+"""RWKV-6 (Finch) model configuration.
+
+Field names are those of flash-linear-attention's `RWKV6Config`, i.e. of the `config.json` in the fla-hub/rwkv6-*
+checkpoints, so an official config maps onto this dataclass 1:1. BlinkDL's `.pth` checkpoints carry no config: their
+shape is read off the weights (recurlen.models.rwkv6.checkpoint) into the same fields. Options recurlen does not run
+(hybrid attention layers, another channel-mix activation, no pre-norm) are refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from recurlen.models.config import ModelConfig
+
+
+@dataclass
+class RWKV6Config(ModelConfig):
+    hidden_size: int = 128
+    """Width of the residual stream (BlinkDL: n_embd)."""
+    num_hidden_layers: int = 2
+    """Number of blocks (time mix + channel mix each)."""
+    num_heads: int = 2
+    """Heads; each holds a (head_dim x head_v_dim) WKV state. BlinkDL's world models use heads of 64."""
+    expand_k: float = 1.0
+    """key_dim = hidden_size * expand_k (the world models: 1; fla's default 0.5)."""
+    expand_v: float = 1.0
+    """value_dim = hidden_size * expand_v."""
+    hidden_ratio: float | None = 3.5
+    """Channel-mix width when intermediate_size is None: hidden_size * hidden_ratio, rounded up to 32."""
+    intermediate_size: int | None = None
+    proj_low_rank_dim: int = 32
+    """Rank of the data-dependent token-shift mix (BlinkDL: time_maa_w1 is hidden x 5 * this)."""
+    gate_low_rank_dim: int = 64
+    """Rank of the data-dependent decay (BlinkDL: time_decay_w1 is hidden x this)."""
+    attn_mode: str = "chunk"
+    """fla's kernel choice; recurlen's scan is chunked either way ('chunk' or 'fused_recurrent' accepted)."""
+    hidden_act: str = "sqrelu"
+    norm_first: bool = True
+    """A LayerNorm on the embeddings before the first block (BlinkDL: blocks.0.ln0)."""
+    norm_bias: bool = True
+    norm_eps: float = 1e-5
+    """LayerNorm eps; also the per-head output GroupNorm's unless head_norm_eps is set."""
+    head_norm_eps: float | None = None
+    """eps of the per-head output GroupNorm; None: norm_eps (fla). BlinkDL's models use 64e-5 (1e-5 * 8^2)."""
+    vocab_size: int = 257
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    decay_init_range: tuple[float, float] | None = None
+    """None: the from-scratch log-log decay bias (time_decay) starts at zero, decays exp(-1) = 0.37 per token. A range
+    [lo, hi]: that bias is spread linearly over the key channels from lo to hi (BlinkDL's init uses -6 .. -1: decays
+    0.998 .. 0.69, slow memories). Only used when training from scratch."""
+    chunk_size: int = 64
+    """Chunk length of the pure-PyTorch scan (any value gives the same result; multiples of 16 are fastest)."""
+
+    def __post_init__(self) -> None:
+        if self.decay_init_range is not None:
+            self.decay_init_range = tuple(float(a) for a in self.decay_init_range)  # omegaconf gives lists
+            if len(self.decay_init_range) != 2 or not self.decay_init_range[0] <= self.decay_init_range[1]:
+                raise ValueError("model config: decay_init_range must be null or [low, high] with low <= high; "
+                                 f"got {self.decay_init_range}")
+        self.check_positive_ints(("hidden_size", "num_hidden_layers", "num_heads", "proj_low_rank_dim",
+                                  "gate_low_rank_dim", "vocab_size", "chunk_size"))
+        for name, dim in (("key_dim", self.key_dim), ("value_dim", self.value_dim)):
+            if dim <= 0 or dim % self.num_heads:
+                raise ValueError(f"model config: {name}={dim} must be a positive multiple of "
+                                 f"num_heads={self.num_heads}")
+        if self.intermediate_size is None and (self.hidden_ratio is None or self.hidden_ratio <= 0):
+            raise ValueError("model config: give intermediate_size or a positive hidden_ratio")
+        if self.intermediate_size is not None:
+            self.check_positive_ints(("intermediate_size",))
+        if self.hidden_act != "sqrelu":
+            raise ValueError(f"model config: hidden_act={self.hidden_act!r} is not supported; allowed: 'sqrelu'")
+        if self.attn_mode not in ("chunk", "fused_recurrent"):
+            raise ValueError(f"model config: attn_mode={self.attn_mode!r}; allowed: 'chunk', 'fused_recurrent'")
+        if not self.norm_first:
+            raise ValueError("model config: norm_first=false is not supported (every RWKV-6 checkpoint has the "
+                             "embedding norm)")
+        for name in ("norm_eps", "head_norm_eps"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"model config: {name} must be > 0; got {value}")
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def key_dim(self) -> int:
+        return int(self.hidden_size * self.expand_k)
+
+    @property
+    def value_dim(self) -> int:
+        return int(self.hidden_size * self.expand_v)
+
+    @property
+    def head_dim(self) -> int:
+        """Key channels per head (BlinkDL: head_size_a, 64 in the world models)."""
+        return self.key_dim // self.num_heads
+
+    @property
+    def head_v_dim(self) -> int:
+        return self.value_dim // self.num_heads
+
+    @property
+    def ffn_size(self) -> int:
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        size = int(self.hidden_size * self.hidden_ratio)
+        return 32 * ((size + 31) // 32)
+
+    @property
+    def group_norm_eps(self) -> float:
+        return self.norm_eps if self.head_norm_eps is None else self.head_norm_eps
+
+    @property
+    def n_layer(self) -> int:
+        return self.num_hidden_layers
+
+    def describe(self) -> str:
+        return (f"RWKV-6 (hidden {self.hidden_size}, {self.num_hidden_layers} layers, {self.num_heads} heads of "
+                f"{self.head_dim} x {self.head_v_dim})")
+
+    @staticmethod
+    def recognises(raw: dict[str, Any]) -> bool:
+        """True for an fla-hub/rwkv6-* config.json."""
+        return raw.get("model_type") == "rwkv6"
+
+    # ------------------------------------------------------------------ official config.json
+    def to_official_json(self) -> dict[str, Any]:
+        """fla's RWKV6Config as written by `save_pretrained` (model_type 'rwkv6')."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RECURLEN_ONLY}
+        d.update(model_type="rwkv6", architectures=["RWKV6ForCausalLM"], attn=None, fuse_norm=True)
+        return d
+
+    @classmethod
+    def from_official_json(cls, cfg: dict[str, Any], *, source: str = "config.json") -> RWKV6Config:
+        if cfg.get("model_type") != "rwkv6":
+            raise ValueError(f"{source}: model_type is {cfg.get('model_type')!r}; an RWKV-6 checkpoint has 'rwkv6'")
+        if cfg.get("attn") is not None:
+            raise ValueError(f"{source}: attn={cfg['attn']!r} (hybrid attention layers) is not supported (need null)")
+        for name in ("hidden_size", "num_hidden_layers", "num_heads", "vocab_size"):
+            if name not in cfg:
+                raise ValueError(f"{source}: missing required key {name!r}")
+        mapped = {f.name for f in fields(cls)} - RECURLEN_ONLY
+        return cls(**{k: v for k, v in cfg.items() if k in mapped})
+
+
+RECURLEN_ONLY = {"chunk_size", "decay_init_range", "head_norm_eps"}
+"""Fields that are not fla's: never written to nor read from an official config.json (recurlen_config.json keeps
+them)."""
+
+
+__all__ = ["RWKV6Config"]
