@@ -12,9 +12,11 @@ FIELDS = {"gla": {"use_short_conv": True}}
 """Nano fields overridden per architecture: GLA with short convolutions, so that its state has a window part."""
 
 
-def test_registry_lists_the_three_architectures_and_rejects_others():
-    assert set(NAMES) == {"mamba2", "mamba1", "gla"} and list(registry.architectures())[:3] == list(registry.ORDER)
-    with pytest.raises(ValueError, match=r"unknown architecture 'rwkv'; allowed: \['gla', 'mamba1', 'mamba2'\]"):
+def test_registry_lists_every_architecture_folder_and_rejects_others():
+    assert set(NAMES) == {"mamba2", "mamba1", "gla", "rwkv6"}
+    assert list(registry.architectures())[:3] == list(registry.ORDER)
+    with pytest.raises(ValueError, match=r"unknown architecture 'rwkv'; allowed: \['gla', 'mamba1', 'mamba2', "
+                                         r"'rwkv6'\]"):
         registry.get("rwkv")
     with pytest.raises(ValueError, match="unknown Mamba-1 preset 'huge'"):
         registry.get("mamba1").preset("huge")
@@ -107,7 +109,7 @@ def test_eval_and_report_put_architectures_side_by_side(tmp_path, nano_model):
         assert f"| {name} | {registry.get(name).title} (" in report
 
 
-@pytest.mark.parametrize("name", ["mamba1", "gla"])
+@pytest.mark.parametrize("name", ["mamba1", "gla", "rwkv6"])
 def test_tasks_run_on_every_architecture(name, nano_model):
     from recurlen.evaluation.tasks.config import CopyingConfig
     from recurlen.evaluation.tasks.copying import CopyingFormat, evaluate_single
