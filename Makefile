@@ -77,7 +77,8 @@ test-rehearsal: $(STAMP) ## official 130m shape on CPU: load, bf16 post-training
 	$(PY) -m pytest -q -m rehearsal tests/test_rehearsal_130m.py
 
 test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's and fla's real Triton kernels on CPU (interpreter)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels tests/models/mamba2/test_kernels_cpu.py tests/models/gla/test_gla_kernels_cpu.py
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels tests/models/mamba2/test_kernels_cpu.py tests/models/gla/test_gla_kernels_cpu.py \
+		tests/models/rwkv6/test_rwkv6_kernels_cpu.py
 
 test-gpu: $(STAMP) ## the GPU tests: kernels == torch backend, FSDP run (needs CUDA + recurlen[cuda])
 	$(PY) -m pytest -q -m gpu tests/models/mamba2/test_gpu_kernels.py tests/training/test_gpu_fsdp.py

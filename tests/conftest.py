@@ -197,6 +197,14 @@ def fla_interpreter(triton_cpu):
     yield from _imported_afresh(kernels._chunk_gla, "flash-linear-attention's chunk_gla")
 
 
+@pytest.fixture(scope="session")
+def fla_rwkv6_interpreter(triton_cpu):
+    """flash-linear-attention's real chunked RWKV-6 kernel under the interpreter (fla-core, its ops package)."""
+    from recurlen.models.rwkv6 import kernels
+
+    yield from _imported_afresh(kernels._chunk_rwkv6, "flash-linear-attention's chunk_rwkv6")
+
+
 def assert_close_scaled(got: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:
     """max |got - ref| <= tol x max |ref|: one relative tolerance for tensors of any scale (logits, states)."""
     assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
