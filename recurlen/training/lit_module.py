@@ -78,7 +78,8 @@ class RecurlenModule(L.LightningModule):
         input_ids, targets, lanes_B = batch["input_ids"], batch["targets"], batch["lane"]
         init = self.intervention.initial_state(zeros=self.model.zero_state(lanes_B.shape[0], device=self.device),
                                                lanes_B=lanes_B, new_stream_B=batch["new_stream"],
-                                               step=int(batch["step"]), rank=self.global_rank)
+                                               step=int(batch["step"]), rank=self.global_rank,
+                                               segment_B=batch.get("segment"))
         hidden, final = self.model.forward_hidden(input_ids, init)
         loss = token_loss(self.model.logits_from_hidden(hidden), targets, batch.get("loss_mask"))
         self._check_finite(loss, final)

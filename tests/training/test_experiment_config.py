@@ -90,7 +90,7 @@ def test_experiments_inherit_from_experiments(tmp_path):
     (tmp_path / "c.yaml").write_text("base: b\ntrainer: {max_steps: 11}\n")
     c = to_object(compose(["experiment=c"], root=tmp_path))
     assert (c.name, c.optim.lr, c.optim.warmup_steps, c.trainer.max_steps) == ("c", 0.2, 7, 11)
-    assert (c.intervention.name, c.model.name, c.data.layout) == ("tbptt", "nano", "contiguous")
+    assert (c.intervention.name, c.model.name, c.data.layout) == ("tbptt", "nano", "documents")
     (tmp_path / "a.yaml").write_text("base: c\n")
     with pytest.raises(ValueError, match=r"c -> b -> a -> c: `base` goes round in a circle"):
         compose(["experiment=c"], root=tmp_path)
@@ -191,7 +191,9 @@ def test_overrides_and_defaults():
     assert cfg.trainer.max_steps == 1000 and cfg.optim.lr == 3e-4 and cfg.data.batch_size == 4
     assert resolved["trainer"]["max_steps"] == 1000
     tb, _ = load_experiment(["intervention=tbptt"])
-    assert tb.data.layout == "contiguous"
+    assert tb.data.layout == "documents"  # TBTT over documents (the paper's)
+    window, _ = load_experiment(["intervention=tbptt", "intervention.tbptt_over=stream"])
+    assert window.data.layout == "contiguous"
     assert load_experiment(["model=780m", "data=embedded"])[0].data.source == "embedded"
 
 
@@ -210,7 +212,7 @@ def test_config_errors_name_the_problem():
         compose(["optim.lr=fast"])
     with pytest.raises(ValueError, match="not of the form key=value"):
         compose(["max_steps"])
-    with pytest.raises(ValueError, match=r"intervention tbptt needs data.layout=contiguous"):
+    with pytest.raises(ValueError, match=r"intervention tbptt with tbptt_over=documents needs data.layout=documents"):
         load_experiment(["intervention=tbptt", "data.layout=independent"])
     with pytest.raises(ValueError, match=r"noise_std must be > 0"):
         to_object(compose(["intervention=random_noise", "intervention.noise_std=0"]))

@@ -124,10 +124,11 @@ def test_tbptt_lanes_continue_exactly(tmp_path, experiment):
     torch.testing.assert_close(carried.conv, state.conv, rtol=1e-5, atol=1e-6)
 
 
-def test_tbptt_lanes_restart_from_zero_exactly_every_tbptt_segments_resume_included(tmp_path, experiment):
-    """The paper's TBTT: long sequences of tbptt_segments segments from a zero state, no random resets; a run
-    killed inside a long sequence resumes with the carried state and restarts on the same steps."""
-    common = ["intervention=tbptt", "intervention.tbptt_segments=3", "trainer.max_steps=8",
+def test_tbptt_window_lanes_restart_from_zero_exactly_every_tbptt_segments_resume_included(tmp_path, experiment):
+    """TBTT's window form: long sequences of tbptt_segments segments of the stream from a zero state, no random
+    resets; a run killed inside a long sequence resumes with the carried state and restarts on the same steps."""
+    common = ["intervention=tbptt", "intervention.tbptt_over=stream", "intervention.tbptt_segments=3",
+              "trainer.max_steps=8",
               "trainer.checkpoint_every_n_steps=4", "trainer.val_every_n_steps=4"]
     cfg = experiment(tmp_path / "full", *RUN, *common)
     assert cfg.intervention.reset_prob == 0.0  # the intervention's preset: no random resets

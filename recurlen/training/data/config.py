@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-LAYOUTS = ("contiguous", "independent")
+LAYOUTS = ("documents", "contiguous", "independent")
 VAL_MODES = ("first", "pack", "windows")
 # How much longer than seq_len the long validation sequences are unless val_length says otherwise.
 DEFAULT_VAL_LENGTH_FACTOR = 16
@@ -31,7 +31,9 @@ class DataConfig:
     batch_size: int = 8
     """Lanes (batch rows) per rank; global lanes = batch_size * world_size."""
     layout: str = "contiguous"
-    """'contiguous': lanes continue step after step (TBTT); 'independent': fresh random segments each step."""
+    """'documents': each lane walks whole documents segment by segment, a new document flagged (TBTT);
+    'contiguous': lanes continue an EOS-joined stream of documents step after step (TBTT's window form);
+    'independent': fresh random segments each step. The intervention picks it unless it is set."""
     seed: int = 0
     """Seeds the per-epoch document order and the independent layout's segment order."""
     val_fraction: float = 0.05

@@ -5,7 +5,12 @@ Batch contract (train; validation batches have the same keys):
     targets     LongTensor (B, T)   input_ids shifted by one (the segment has T + 1 tokens)
     lane        LongTensor (B,)     global lane of each row (validation: index of the held-out segment)
     new_stream  BoolTensor (B,)     the row does not continue the lane's previous segment: contiguous
-                                    layout only at step 0, independent layout always (validation: always)
+                                    layout only at step 0, independent layout always, documents layout
+                                    where a document (or the lane's slice of an epoch) starts
+                                    (validation: always)
+    loss_mask   BoolTensor (B, T)   documents layout only: the scored targets (a document's tail segment
+                                    is padded after its EOS)
+    segment     LongTensor (B,)     documents layout only: the row's segment index within its document
     step        LongTensor ()       micro-step of this batch (validation: index of the batch)
 
 Resume: the state is just the next step to yield. It is recorded when a batch reaches the training step

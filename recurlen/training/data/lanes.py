@@ -14,6 +14,13 @@ contiguous: lane g owns the slice [g * C, (g + 1) * C) of every epoch stream, C 
 independent: the epoch stream is cut into M = (S - 1) // T slots of T + 1 tokens (starting every T
     tokens); slot i of the infinite sequence "epoch 0's slots shuffled, epoch 1's slots shuffled, ..."
     goes to (step, lane) = divmod(i, G). Each epoch visits every slot once.
+documents: every document (its tokens, then its EOS as the last target) is cut into n_d = ceil(len_d / T)
+    segments of T inputs; the last one ("tail") holds the rest of the document and is padded, its padding
+    unscored. The epoch's segment sequence is every document's segments in the epoch's document order; it has
+    the same length M every epoch, and lane g owns its slice [g * K, (g + 1) * K), K = M // G ("lane segments"):
+    at step s the lane reads segment g * K + s % K of epoch s // K. A lane walks its documents segment by segment
+    (TBTT carries the state); it starts from zeros where a document starts and where its slice begins (the
+    slice may begin inside a document whose first segments belong to the lane before it).
 """
 
 from __future__ import annotations
@@ -96,10 +103,23 @@ def independent_segments(step: int, lanes: np.ndarray, *, seed: int, num_global_
     return epochs, starts
 
 
+def document_segments(lengths: np.ndarray, seq_len: int) -> np.ndarray:
+    """Segments of seq_len inputs per document of the given lengths: the tail of a document is one more
+    segment (padded), a document shorter than seq_len is one segment, an empty one none."""
+    return -(-np.asarray(lengths, dtype=np.int64) // seq_len)
+
+
+def document_lane_segments(step: int, lanes: np.ndarray, *, lane_segments: int) -> tuple[int, np.ndarray, bool]:
+    """(epoch, index in that epoch's segment sequence of each lane's segment at `step`, whether the step is the
+    first of the lanes' slices in that epoch)."""
+    epoch, within = divmod(step, lane_segments)
+    return epoch, lanes * lane_segments + within, within == 0
+
+
 def new_stream(step: int, layout: str) -> bool:
     """Whether a lane's segment at `step` does not continue its segment at step - 1."""
     return layout == "independent" or step == 0
 
 
-__all__ = ["EOS_PIECE", "Piece", "contiguous_pieces", "doc_order", "global_lanes", "independent_segments",
-           "lane_span", "new_stream", "slot_order"]
+__all__ = ["EOS_PIECE", "Piece", "contiguous_pieces", "doc_order", "document_lane_segments", "document_segments",
+           "global_lanes", "independent_segments", "lane_span", "new_stream", "slot_order"]

@@ -71,6 +71,49 @@ class EpochStreams:
         return self._cache[epoch]
 
 
+class DocumentSegments:
+    """The documents layout's segments (lanes.py): which document and which of its segments each index of an
+    epoch's segment sequence is, and their tokens. The cumulative counts of the last two epochs are kept."""
+
+    def __init__(self, corpus: Corpus, doc_ids: np.ndarray, *, seq_len: int, seed: int, eos_id: int) -> None:
+        self.corpus, self.doc_ids, self.seq_len, self.seed, self.eos_id = corpus, doc_ids, seq_len, seed, eos_id
+        self.lens = corpus.offsets[doc_ids + 1] - corpus.offsets[doc_ids]
+        self.counts = L.document_segments(self.lens, seq_len)
+        self.total = int(self.counts.sum())
+        self._cum: dict[int, np.ndarray] = {}
+
+    def _first_segments(self, epoch: int) -> np.ndarray:
+        """Index of each document's first segment in `epoch`'s sequence (documents in the epoch's order), then M."""
+        if epoch not in self._cum:
+            if len(self._cum) >= 2:
+                del self._cum[min(self._cum)]
+            cum = np.zeros(len(self.doc_ids) + 1, dtype=np.int64)
+            np.cumsum(self.counts[L.doc_order(self.seed, epoch, len(self.doc_ids))], out=cum[1:])
+            self._cum[epoch] = cum
+        return self._cum[epoch]
+
+    def locate(self, epoch: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(position in the training documents, segment within that document) of each segment index."""
+        cum = self._first_segments(epoch)
+        pos = np.searchsorted(cum, index, side="right") - 1  # empty documents share their start with the next
+        order = L.doc_order(self.seed, epoch, len(self.doc_ids))
+        return order[pos], index - cum[pos]
+
+    def read(self, docs: np.ndarray, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(B, T + 1) tokens of each document's segment, and (B, T) whether each target is scored: the tokens are
+        the document followed by its EOS; a tail segment is padded with EOS after that, unscored."""
+        T = self.seq_len
+        rows = np.full((len(docs), T + 1), self.eos_id, dtype=np.int64)
+        mask = np.zeros((len(docs), T), dtype=bool)
+        tokens, offsets = self.corpus.tokens, self.corpus.offsets
+        for row, (doc, k) in enumerate(zip(docs.tolist(), segments.tolist())):
+            begin, left = int(offsets[self.doc_ids[doc]]) + k * T, int(self.lens[doc]) - k * T
+            take = min(T + 1, left)  # document tokens; if fewer than T + 1, its EOS follows them
+            rows[row, :take] = tokens[begin:begin + take]
+            mask[row, :min(T, left)] = True  # targets up to and including the EOS
+        return rows, mask
+
+
 class TrainSampler:
     """The training batch of this rank's lanes at any step; the same step always gives the same batch."""
 
@@ -81,6 +124,14 @@ class TrainSampler:
         self.lanes, self.num_global_lanes = lanes, num_global_lanes
         self.seq_len, self.layout, self.seed, self.eos_id = seq_len, layout, seed, eos_id
         self.streams = EpochStreams(corpus, train_ids, seed=seed, eos_id=eos_id)
+        if layout == "documents":
+            self.documents = DocumentSegments(corpus, train_ids, seq_len=seq_len, seed=seed, eos_id=eos_id)
+            self.lane_segments = self.documents.total // num_global_lanes
+            if self.lane_segments < 1:
+                raise ValueError(
+                    f"the training split has {self.documents.total} segments of seq_len = {seq_len} tokens (each "
+                    f"document's tail counted as one) but layout='documents' with {num_global_lanes} global lanes "
+                    "needs at least one per lane; use more data, fewer lanes or a shorter seq_len")
         total = self.streams.length
         self.span = L.lane_span(total, num_global_lanes)
         self.num_slots = (total - 1) // seq_len
@@ -98,6 +149,8 @@ class TrainSampler:
         """(B, T + 1) int64 tokens of each lane's segment at `step`."""
         if step < 0:
             raise ValueError(f"step={step} is negative; steps count from 0")
+        if self.layout == "documents":
+            return self._document_batch(step)[0]
         rows = np.empty((len(self.lanes), self.seq_len + 1), dtype=np.int64)
         if self.layout == "contiguous":
             col = 0
@@ -116,21 +169,40 @@ class TrainSampler:
             rows[sel] = self.streams(int(epoch)).read(starts[sel], self.seq_len + 1)
         return rows
 
+    def _document_batch(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens (B, T + 1), loss mask (B, T), segment within its document (B,), new stream (B,)) at `step`."""
+        if step < 0:
+            raise ValueError(f"step={step} is negative; steps count from 0")
+        epoch, index, slice_start = L.document_lane_segments(step, self.lanes, lane_segments=self.lane_segments)
+        docs, segment = self.documents.locate(epoch, index)
+        rows, mask = self.documents.read(docs, segment)
+        return rows, mask, segment, (segment == 0) | slice_start
+
     def batch(self, step: int) -> dict[str, torch.Tensor]:
+        if self.layout == "documents":
+            rows, mask, segment, new = self._document_batch(step)
+            return make_batch(rows, lanes=self.lanes, step=step, new_stream=new, loss_mask=mask, segment=segment)
         return make_batch(self.segments(step), lanes=self.lanes, step=step,
                           new_stream=L.new_stream(step, self.layout))
 
 
-def make_batch(segments: np.ndarray, *, lanes: np.ndarray, step: int, new_stream: bool) -> dict[str, torch.Tensor]:
-    """The batch contract: input_ids / targets (B, T), lane (B,), new_stream (B,), step ()."""
+def make_batch(segments: np.ndarray, *, lanes: np.ndarray, step: int, new_stream: bool | np.ndarray,
+               loss_mask: np.ndarray | None = None, segment: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+    """The batch contract: input_ids / targets (B, T), lane (B,), new_stream (B,), step (); the documents layout
+    adds loss_mask (B, T) (a tail's padding is not scored) and segment (B,) (index within the row's document)."""
     seg = torch.from_numpy(segments)
-    return {
+    batch = {
         "input_ids": seg[:, :-1].contiguous(),
         "targets": seg[:, 1:].contiguous(),
         "lane": torch.as_tensor(lanes, dtype=torch.long).clone(),
-        "new_stream": torch.full((len(segments),), new_stream, dtype=torch.bool),
+        "new_stream": torch.as_tensor(np.broadcast_to(new_stream, (len(segments),)).copy(), dtype=torch.bool),
         "step": torch.tensor(step, dtype=torch.long),
     }
+    if loss_mask is not None:
+        batch["loss_mask"] = torch.from_numpy(loss_mask)
+    if segment is not None:
+        batch["segment"] = torch.as_tensor(segment, dtype=torch.long).clone()
+    return batch
 
 
 class HeldOut:

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from recurlen.models import registry, table
 from recurlen.training.experiments.schema import GROUPS, ExperimentConfig
-from recurlen.training.interventions import LAYOUT_FOR
+from recurlen.training.interventions import layout_for
 from recurlen.util.arguments import check_key, schema_keys, suggest
 
 
@@ -170,7 +170,7 @@ def compose(args: list[str], *, default_experiment: str = "finetune", root: Path
         if dotlist:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(dotlist))
         if not layout_explicit:  # the intervention decides how lanes walk the data unless told otherwise
-            merged.data.layout = LAYOUT_FOR.get(merged.intervention.name, merged.data.layout)
+            merged.data.layout = layout_for(merged.intervention.name, merged.intervention.tbptt_over)
         lr_explicit = any(d.startswith("optim.lr=") for d in dotlist)
         if merged.optim.lr_from_pretrain is not None and merged.model.pretrain_lr is not None and not lr_explicit:
             # Post-training at a fraction of the model's own pre-training peak rate (the paper: ~1/10).

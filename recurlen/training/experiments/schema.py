@@ -183,8 +183,9 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         """Rules that span sections."""
-        if self.intervention.name == "tbptt" and self.data.layout != "contiguous":
-            raise ValueError("intervention tbptt needs data.layout=contiguous (each lane must continue its stream); "
-                             f"got data.layout={self.data.layout!r}")
+        if self.intervention.name == "tbptt" and self.data.layout != self.intervention.layout:
+            raise ValueError(f"intervention tbptt with tbptt_over={self.intervention.tbptt_over} needs "
+                             f"data.layout={self.intervention.layout} (each lane must continue its "
+                             f"{self.intervention.tbptt_over}); got data.layout={self.data.layout!r}")
         if self.intervention.name not in INTERVENTIONS:  # pragma: no cover - InterventionConfig already checks
             raise ValueError(f"unknown intervention {self.intervention.name!r}")

@@ -5,10 +5,10 @@ Ordered by how realistic the initial state is (Buitrago Ruiz & Gu, 2025):
   random_noise    i.i.d. N(0, std^2) on the SSM state, one std for all layers and heads
   fitted_noise    i.i.d. N(mean_kh, std_kh^2) per (layer, head), fitted on final states of training sequences
   state_passing   the lane's final state of the previous step (an unrelated sequence), detached
-  tbptt           truncated backprop through time as the paper defines it: a long sequence is
-                  tbptt_segments consecutive segments of T tokens of the lane's contiguous stream, run from a
-                  zero state with the state carried and the gradient stopped between segments; then a fresh
-                  long sequence (the lane's next tokens) starts from zeros again
+  tbptt           truncated backprop through time as the paper defines it: a long sequence is one document
+                  (tbptt_over=documents), run in consecutive segments of T tokens from a zero state with the
+                  state carried and the gradient stopped between segments; the lane's next document starts
+                  from zeros again (tbptt_over=stream: windows of tbptt_segments x T of an EOS-joined stream)
 
 Noise and reset draws come from generators seeded by (seed, step, rank): a resumed run draws exactly
 what the uninterrupted run drew, without saving any RNG state.
@@ -26,13 +26,14 @@ saves it into the checkpoint itself (a recurlen.training.stateful.Stateful).
 
 from recurlen.training.interventions.base import Intervention, step_generator
 from recurlen.training.interventions.build import KINDS, build_intervention, legacy_state
-from recurlen.training.interventions.config import INTERVENTIONS, LAYOUT_FOR, InterventionConfig
+from recurlen.training.interventions.config import INTERVENTIONS, LAYOUT_FOR, TBPTT_OVER, InterventionConfig, layout_for
 from recurlen.training.interventions.noise import FittedNoise, RandomNoise
 from recurlen.training.interventions.noise_refresh import REFRESH_MODES, StatsRefresh
 from recurlen.training.interventions.noise_stats import Accumulator, FittedNoiseStats, fit_noise_stats, noise_part
 from recurlen.training.interventions.state_passing import StatePassing
 from recurlen.training.stateful import Ranks
 
-__all__ = ["INTERVENTIONS", "KINDS", "LAYOUT_FOR", "REFRESH_MODES", "Accumulator", "FittedNoise", "FittedNoiseStats",
-           "Intervention", "InterventionConfig", "RandomNoise", "Ranks", "StatePassing", "StatsRefresh",
-           "build_intervention", "fit_noise_stats", "legacy_state", "noise_part", "step_generator"]
+__all__ = ["INTERVENTIONS", "KINDS", "LAYOUT_FOR", "REFRESH_MODES", "TBPTT_OVER", "Accumulator", "FittedNoise",
+           "FittedNoiseStats", "Intervention", "InterventionConfig", "RandomNoise", "Ranks", "StatePassing",
+           "StatsRefresh", "build_intervention", "fit_noise_stats", "layout_for", "legacy_state", "noise_part",
+           "step_generator"]

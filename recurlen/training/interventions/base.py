@@ -26,7 +26,8 @@ class Intervention:
     is saved or restored (the LightningModule connects it in its setup hook: a trainer's ranks exist only
     from then on, and a checkpoint is restored right after). The LightningModule calls, in a run:
       setup(...)           once before the first step (fitted noise fits or loads its statistics)
-      initial_state(...)   each step: the state every lane of the batch starts from
+      initial_state(...)   each step: the state every lane of the batch starts from (the batch's new_stream
+                           flags, and under the documents layout each row's segment within its document)
       observe(...)         each step: the batch's final states (state passing keeps them; fitted noise with
                            a refresh pools them, all ranks together at the end of a refresh window)
       scalars()            what to log each step (e.g. the refreshed noise's scale)
@@ -56,7 +57,7 @@ class Intervention:
         """Before the first training step; `batches(step)` gives the training batch of a step."""
 
     def initial_state(self, *, zeros: LayeredState, lanes_B: torch.Tensor, new_stream_B: torch.Tensor, step: int,
-                      rank: int) -> LayeredState:
+                      rank: int, segment_B: torch.Tensor | None = None) -> LayeredState:
         return zeros
 
     def observe(self, final: LayeredState, lanes_B: torch.Tensor, *, step: int) -> None:

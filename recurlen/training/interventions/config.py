@@ -8,7 +8,11 @@ from recurlen.training.interventions.noise_refresh import REFRESH_MODES
 
 INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
 LAYOUT_FOR = {"none": "independent", "random_noise": "independent", "fitted_noise": "independent",
-              "state_passing": "independent", "tbptt": "contiguous"}
+              "state_passing": "independent", "tbptt": "documents"}
+"""The data layout each intervention walks unless data.layout is set (tbptt: see TBPTT_LAYOUT)."""
+TBPTT_OVER = ("documents", "stream")
+TBPTT_LAYOUT = {"documents": "documents", "stream": "contiguous"}
+"""tbptt_over -> data.layout."""
 DEFAULT_RESET_PROB = {"state_passing": 0.1, "tbptt": 0.0}
 """reset_prob when none is given (interventions without a carried state ignore it)."""
 
@@ -23,9 +27,14 @@ class InterventionConfig:
     """state_passing / tbptt: per lane and step, the chance of starting from zeros instead of the carried state.
     None: the intervention's own default (DEFAULT_RESET_PROB): 0.1 for state_passing (recurlen's choice), 0 for
     tbptt (the paper's TBTT has no random resets), so a config built in Python gets the same as the yaml files."""
-    tbptt_segments: int | None = 8
-    """tbptt: segments of T tokens per long sequence; the state restarts from zeros at every step that is a
-    multiple of it (a fresh long sequence of tbptt_segments x T tokens). None: one endless sequence per lane."""
+    tbptt_over: str = "documents"
+    """tbptt: what a lane's long sequence is. documents (the paper): one document, split into segments of T; the
+    next document starts from zeros. stream: the lane's stream of documents joined by EOS, never reset at a
+    document's end (with tbptt_segments=8: the window form, long sequences of 8T cut from the stream)."""
+    tbptt_segments: int | None = None
+    """tbptt: the most segments of T a long sequence has; the state restarts from zeros after it. documents: at
+    every multiple of it within a document; stream: at every step that is a multiple of it. None: no limit (a
+    whole document, or one endless stream per lane)."""
     pass_conv: bool = False
     """state_passing / tbptt: carry the conv window too (exact continuation) or the SSM state only (paper)."""
     fit_batches: int = 8
@@ -55,6 +64,8 @@ class InterventionConfig:
                                                 or not isinstance(self.tbptt_segments, int) or self.tbptt_segments < 1):
             raise ValueError(f"intervention.tbptt_segments={self.tbptt_segments!r} is not allowed; need an integer "
                              ">= 1 (segments per long sequence) or null (one endless sequence per lane)")
+        if self.tbptt_over not in TBPTT_OVER:
+            raise ValueError(f"intervention.tbptt_over={self.tbptt_over!r} is unknown; allowed: {list(TBPTT_OVER)}")
         if self.fit_batches < 1:
             raise ValueError(f"intervention.fit_batches must be >= 1; got {self.fit_batches}")
         if self.fit_refresh not in REFRESH_MODES:
@@ -67,4 +78,10 @@ class InterventionConfig:
 
     @property
     def layout(self) -> str:
-        return LAYOUT_FOR[self.name]
+        """The data layout this intervention walks."""
+        return layout_for(self.name, self.tbptt_over)
+
+
+def layout_for(name: str, tbptt_over: str = "documents") -> str:
+    """The data layout intervention `name` walks (tbptt: the one its tbptt_over names)."""
+    return TBPTT_LAYOUT.get(tbptt_over, "documents") if name == "tbptt" else LAYOUT_FOR.get(name, "independent")

@@ -31,7 +31,7 @@ class RandomNoise(Intervention):
         return eps * self.cfg.noise_std
 
     def initial_state(self, *, zeros: LayeredState, lanes_B: torch.Tensor, new_stream_B: torch.Tensor, step: int,
-                      rank: int) -> LayeredState:
+                      rank: int, segment_B: torch.Tensor | None = None) -> LayeredState:
         device, part = zeros.device, noise_part(zeros)
         g = step_generator(self.seed, step, rank, stream=1, device=device)
         eps = torch.randn(getattr(zeros, part).shape, generator=g, device=device, dtype=torch.float32)

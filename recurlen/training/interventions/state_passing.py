@@ -15,8 +15,9 @@ class StatePassing(Intervention):
     """Each lane starts from its own final state of the previous step, detached (the gradient stops there).
 
     state_passing: the lane's previous batch is an unrelated sequence, so stream boundaries are ignored.
-    tbptt: the lane's data continues its document (contiguous layout), so this is truncated backprop
-    through time; a lane whose stream restarts starts from zeros.
+    tbptt: the lane's data continues its document (documents layout; the window form: its EOS-joined stream,
+    contiguous layout), so this is truncated backprop through time; a lane whose document or long sequence
+    starts anew starts from zeros.
     The carried states live on this rank (plain tensors, not buffers: DDP must not broadcast them, each
     rank owns other lanes); checkpoints gather every rank's lanes and each rank takes its own back.
     """
@@ -29,13 +30,26 @@ class StatePassing(Intervention):
         self.carried: LayeredState | None = None
         self.carried_lanes: torch.Tensor | None = None
 
-    def starts_long_sequence(self, step: int) -> bool:
-        """tbptt: whether segment `step` of every lane is the first of a long sequence (zero state)."""
+    def restarts(self, *, step: int, new_stream_B: torch.Tensor, segment_B: torch.Tensor | None) -> torch.Tensor:
+        """tbptt: (B,) the lanes whose segment at `step` starts a long sequence from zeros: a new stream (a new
+        document, or the lane's first step) or, with tbptt_segments = k, a segment k, 2k, ... into its document
+        (documents) or a step that is a multiple of k (stream: every lane at once)."""
+        reset_B = new_stream_B.to(dtype=torch.bool).clone()
         k = self.cfg.tbptt_segments
-        return self.cfg.name == "tbptt" and (step == 0 or (k is not None and step % k == 0))
+        if step == 0:
+            reset_B[:] = True
+        if k is not None:
+            if self.cfg.tbptt_over == "documents":
+                if segment_B is None:
+                    raise ValueError("tbptt with tbptt_over=documents needs batches with a `segment` (the "
+                                     "documents layout, data.layout=documents)")
+                reset_B |= segment_B.to(reset_B.device) % k == 0
+            elif step % k == 0:
+                reset_B[:] = True
+        return reset_B
 
     def initial_state(self, *, zeros: LayeredState, lanes_B: torch.Tensor, new_stream_B: torch.Tensor, step: int,
-                      rank: int) -> LayeredState:
+                      rank: int, segment_B: torch.Tensor | None = None) -> LayeredState:
         device = zeros.device
         if self.carried is None:
             return zeros
@@ -46,12 +60,10 @@ class StatePassing(Intervention):
         state = self.carried.detach()  # the gradient stops at the step boundary
         if not self.cfg.pass_conv:
             state = state.recurrent_only()
-        # In TBTT a lane whose stream restarts, or whose long sequence ends, must not inherit the old state.
-        # State passing ignores stream boundaries on purpose: its previous batch is an unrelated sequence anyway.
+        # In TBTT a lane whose document (or long sequence) ends must not inherit the old state. State passing
+        # ignores stream boundaries on purpose: its previous batch is an unrelated sequence anyway.
         if self.cfg.name == "tbptt":
-            reset_B = new_stream_B.to(device=device, dtype=torch.bool)
-            if self.starts_long_sequence(step):
-                reset_B = torch.ones_like(reset_B)
+            reset_B = self.restarts(step=step, new_stream_B=new_stream_B, segment_B=segment_B).to(device)
         else:
             reset_B = torch.zeros(zeros.batch_size, dtype=torch.bool, device=device)
         if self.cfg.reset_prob > 0:

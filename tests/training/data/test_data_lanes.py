@@ -118,7 +118,49 @@ def test_rank_shards_are_disjoint_and_cover_all_lanes(world: int) -> None:
     assert sorted(flat) == list(range(5 * world)) and len(set(flat)) == len(flat)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "independent"])
+def naive_document_segments(corpus: Corpus, train_ids: np.ndarray, seed: int, epoch: int, seq_len: int) -> list:
+    """The documents layout by its definition: every document + EOS cut into rows of T + 1 tokens stepping T,
+    the tail padded with EOS; (tokens, scored targets, segment index within the document) in epoch order."""
+    out = []
+    for d in train_ids[L.doc_order(seed, epoch, len(train_ids))]:
+        doc = np.concatenate([corpus.document(int(d)), [EOS]]).astype(np.int64)
+        for k in range(-(-(len(doc) - 1) // seq_len)):
+            piece = doc[k * seq_len:k * seq_len + seq_len + 1]
+            row = np.full(seq_len + 1, EOS, dtype=np.int64)
+            row[:len(piece)] = piece
+            out.append((row, np.arange(seq_len) < len(piece) - 1, k))
+    return out
+
+
+@pytest.mark.parametrize("seq_len", [8, 16])
+def test_document_lanes_walk_whole_documents_and_flag_every_new_one(seq_len: int) -> None:
+    base = make_corpus()
+    corpus = Corpus.from_documents([base.document(i) for i in range(base.num_documents)] + [[]])  # one empty
+    train_ids, batch = np.arange(corpus.num_documents), 4
+    s = sampler(corpus, layout="documents", seq_len=seq_len, batch=batch)
+    K = s.lane_segments
+    epochs = [naive_document_segments(corpus, train_ids, 3, e, seq_len) for e in range(3)]
+    assert len(epochs[0]) // batch == K and all(len(e) == len(epochs[0]) for e in epochs)
+    for step in range(3 * K):
+        b = s.batch(step)
+        epoch, within = divmod(step, K)
+        for lane in range(batch):
+            row, mask, k = epochs[epoch][lane * K + within]
+            np.testing.assert_array_equal(b["input_ids"][lane].numpy(), row[:-1])
+            np.testing.assert_array_equal(b["targets"][lane].numpy(), row[1:])
+            np.testing.assert_array_equal(b["loss_mask"][lane].numpy(), mask)
+            assert int(b["segment"][lane]) == k
+            # A new stream exactly where a document starts or the lane's slice of the epoch starts.
+            assert bool(b["new_stream"][lane]) == (k == 0 or within == 0), (step, lane)
+            if not b["new_stream"][lane]:  # within a document: it continues where the last segment ended
+                assert int(b["input_ids"][lane, 0]) == int(s.batch(step - 1)["targets"][lane, -1])
+    # Tails are padded and not scored; every document ends with a scored EOS target.
+    masks = np.stack([m for _, m, _ in epochs[0]])
+    assert (~masks).any() and (masks.sum(1) >= 1).all()
+    assert sum(int(m.sum()) for _, m, _ in epochs[0]) == corpus.num_tokens  # each token predicted once (EOS too)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "independent", "documents"])
 def test_ranks_read_their_rows_of_the_global_batch(layout: str) -> None:
     # Positions depend only on the global lane: 2 ranks x 2 lanes read what 1 rank x 4 lanes reads.
     corpus = make_corpus()
@@ -141,3 +183,7 @@ def test_bad_rank_and_tiny_corpus_raise() -> None:
         sampler(tiny, layout="independent", batch=4, seq_len=32)
     with pytest.raises(ValueError, match=r"step=-1 is negative"):
         sampler(make_corpus(), layout="contiguous").segments(-1)
+    with pytest.raises(ValueError, match=r"has 4 segments of seq_len = 8 .* needs at least one per lane"):
+        sampler(Corpus.from_documents([[1, 2, 3]] * 4), layout="documents", batch=8, seq_len=8)
+    with pytest.raises(ValueError, match=r"step=-1 is negative"):
+        sampler(make_corpus(), layout="documents").batch(-1)
