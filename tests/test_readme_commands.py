@@ -164,7 +164,8 @@ def make_commands(words: list[str]) -> list[list[str]]:
     """The shell commands `make -n` would run for a make line, each split into words."""
     proc = subprocess.run(["make", "-n", *words], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"make -n {' '.join(words)}: {proc.stderr}"
-    return [shlex.split(line) for line in proc.stdout.splitlines()
+    joined = re.sub(r"\\\n\s*", " ", proc.stdout)  # a recipe line continued with a backslash is one command
+    return [shlex.split(line) for line in joined.splitlines()
             if line.strip() and not line.startswith(("make:", "make["))]  # make's own notes
 
 
