@@ -49,8 +49,12 @@ def describe_checkpoint(spec: str) -> str:
                         "pretrained directory (no config.json)")
     if path.is_file():
         if path.suffix != ".ckpt":
-            raise UserError(f"{spec!r} is a file but not a .ckpt checkpoint; pass a run directory, a .ckpt, "
-                            "a pretrained directory or a hub id")
+            try:  # an architecture's release format that is one weights file
+                return f"{spec} ({registry.detect(path).title} weights file)"
+            except UserError:
+                raise UserError(f"{spec!r} is a file but neither a .ckpt checkpoint nor a weights file of a known "
+                                "architecture; pass a run directory, a .ckpt, a pretrained directory or a hub id") \
+                    from None
         return f"{spec} (checkpoint file)"
     if looks_like_hub_id(spec):
         return f"{spec} (hub id, {_cache_note(_hub_cached(spec, 'config.json'))})"

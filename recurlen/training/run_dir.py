@@ -278,7 +278,8 @@ def _checkpoint_file(path: str) -> Path | None:
 
 
 def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
-    """Load a run (its directory or a .ckpt) or an official-format directory / cached hub id."""
+    """Load a run (its directory or a .ckpt), an official-format directory / cached hub id, or a weights file of an
+    architecture whose release format is one file."""
     ckpt_path = _checkpoint_file(path)
     if ckpt_path is not None:
         ckpt = load_checkpoint_file(ckpt_path)
@@ -294,6 +295,13 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
         a.load_state_dict(model, state_dict, str(ckpt_path))
         return LoadedModel(model.to(device), tokenizer=meta.get("tokenizer"), train_seq_len=meta.get("train_seq_len"),
                            source=str(ckpt_path))
+    file = Path(path).expanduser()
+    if file.is_file():  # an architecture's release format that is one weights file (registry.detect says whose)
+        a = registry.detect(file)
+        model = a.load_pretrained(file, backend=backend, device=device, dtype=torch.float32)
+        known = table.official(file)
+        train_seq_len = known.train_seq_len if known is not None and known.architecture == a.name else None
+        return LoadedModel(model, tokenizer=None, train_seq_len=train_seq_len, source=str(file))
     directory = resolve_pretrained_dir(str(path))
     a = registry.detect(directory)
     model = a.load_pretrained(directory, backend=backend, device=device, dtype=torch.float32)

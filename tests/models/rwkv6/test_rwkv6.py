@@ -225,3 +225,21 @@ def test_kernel_layout_arguments_follow_the_installed_signature():
 def test_blinkdl_reader_refuses_a_non_rwkv6_state_dict():
     with pytest.raises(UserError, match="not an RWKV-6"):
         blinkdl_read({"emb.weight": torch.zeros(3, 4)}, "x.pth")
+
+
+def test_a_pth_file_loads_where_commands_take_a_checkpoint(tmp_path):
+    """`model.pretrained=` / `recurlen eval` take BlinkDL's file; named as a world release, it states its context."""
+    from recurlen.commands.preflight import describe_checkpoint
+    from recurlen.training.run_dir import load_model
+
+    model = random_lm()
+    world = table.find("rwkv6-1.6b")
+    path = BLINKDL_FILE.save(model, tmp_path / "own.pth")
+    loaded = load_model(str(path), backend="torch")
+    assert isinstance(loaded.model, RWKV6LM) and loaded.train_seq_len is None
+    assert describe_checkpoint(str(path)) == f"{path} (RWKV-6 weights file)"
+    named = BLINKDL_FILE.save(model, tmp_path / world.hub_file)
+    assert load_model(str(named), backend="torch").train_seq_len == 4096
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    with pytest.raises(UserError, match="neither a .ckpt checkpoint nor a weights file of a known architecture"):
+        describe_checkpoint(str(tmp_path / "junk.pt"))
