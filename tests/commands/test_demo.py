@@ -284,3 +284,38 @@ def test_quick_demo_shows_the_failure_and_the_fix(tmp_path):
     timings = json.loads((root / "demo_timings.json").read_text())
     assert timings["quick"] and {t["stage"] for t in timings["stages"]} == {
         "pretrain", "post/none", "post/state_passing", "post/tbptt"}
+
+
+def _run(label, fmr, *, ctx=1.6, T=32):
+    """A run as the report reads it: doubling bins with full - reset values fmr[k] for bin k >= 1."""
+    bins = [{"name": "[0,T)", "start": 0, "end": T, "loss": ctx, "full_minus_reset": 0.0}]
+    for k, v in enumerate(fmr):
+        lo, hi = 2 ** k, 2 ** (k + 1)
+        bins.append({"name": f"[{lo if lo > 1 else ''}T,{hi}T)", "start": lo * T, "end": hi * T - (hi == 32),
+                     "loss": ctx, "full_minus_reset": v})
+    return {"label": label, "train_len": T, "positionwise": {"train_len": T, "bins": bins}}
+
+
+def test_demo_checks_read_16t_to_32t_and_name_where_a_fix_stops():
+    from recurlen.commands.demo import demo_checks
+
+    runs = [_run("base", [0.1, 0.2, 0.3, 0.9, 1.7]), _run("none", [0.1, 0.2, 0.3, 0.8, 1.7]),
+            _run("state_passing", [0.0, 0.01, 0.02, 0.03, 0.078]), _run("tbptt", [-0.1, -0.1, -0.05, -0.01, 0.04])]
+    checks = {c["check"]: c for c in demo_checks(runs)}
+    sp, tb = (checks[f"{n} holds past 16T: full - reset <= +0.05 in [16T,32T)"] for n in ("state_passing", "tbptt"))
+    assert (sp["value"], sp["passed"]) == (0.078, False) and (tb["value"], tb["passed"]) == (0.04, True)
+    assert checks["state_passing fixes it: full - reset <= +0.05 in every bin up to 16T"]["passed"]
+    assert len(checks) == 8
+    # An evaluation that stops at 16T has no such check (it is not passed by default).
+    short = [{**r, "positionwise": {**r["positionwise"], "bins": r["positionwise"]["bins"][:5]}} for r in runs]
+    assert not any("past 16T" in c["check"] for c in demo_checks(short))
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "mamba1", "gla"])
+def test_the_setup_names_the_model_file_the_demo_trains(arch):
+    """The report's Setup names the file the model comes from (tiny-slow.yaml), not only the table's row (tiny)."""
+    from recurlen.commands.demo import _model_file
+
+    cfg = load_demo_config([f"arch={arch}"])
+    name = "tiny-slow" if arch == "mamba2" else f"{arch}-tiny-slow"
+    assert _model_file(cfg.pretrain_experiment) == f"experiments/model/{arch}/{name}.yaml"
