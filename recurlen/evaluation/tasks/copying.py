@@ -272,7 +272,31 @@ def summarize(runs: list[dict], *, headline: int) -> dict:
             if all("stream" in r for r in mine):
                 stream[m] = _mean_std([r["stream"][m] for r in mine])
         out[name] = {"seeds": [r["seed"] for r in mine], "single": single, "stream": stream, "at_headline": at}
+    _add_paired(out, runs, headline=headline)
     return out
+
+
+def _add_paired(summary: dict, runs: list[dict], *, headline: int) -> None:
+    """Each intervention against the first one (none, as experiments/copying.yaml lists them), paired by seed:
+    `paired` = {reading: {metric: test}} on the seeds both ran (recurlen.evaluation.tasks.paired)."""
+    from recurlen.evaluation.tasks.paired import paired_test
+
+    names = list(summary)
+    if len(names) < 2:
+        return
+    control = {r["seed"]: r for r in runs if r["intervention"] == names[0]}
+    for name in names[1:]:
+        mine = [r for r in runs if r["intervention"] == name and r["seed"] in control]
+        if not mine:
+            continue
+        tests: dict = {"against": names[0], "seeds": [r["seed"] for r in mine], "single": {}, "stream": {}}
+        for m in METRICS:
+            tests["single"][m] = paired_test([r["single"][m][str(headline)] for r in mine],
+                                             [control[r["seed"]]["single"][m][str(headline)] for r in mine])
+            if all("stream" in r and "stream" in control[r["seed"]] for r in mine):
+                tests["stream"][m] = paired_test([r["stream"][m] for r in mine],
+                                                 [control[r["seed"]]["stream"][m] for r in mine])
+        summary[name]["paired"] = tests
 
 
 __all__ = ["METRICS", "READINGS", "CopyingFormat", "Placed", "char_accuracy", "evaluate_single", "evaluate_stream",

@@ -107,6 +107,17 @@ def _copying_lines(results: Sequence[dict]) -> list[str]:
         lines += _header("intervention", ["char_acc", "greedy_char_acc"])
         for name, s in r["summary"].items():
             lines.append(_row([name, _ms(s["stream"].get("char_acc")), _ms(s["stream"].get("greedy_char_acc"))]))
+        paired = {name: s["paired"] for name, s in r["summary"].items() if s.get("paired")}
+        if paired:
+            from recurlen.evaluation.tasks.paired import describe
+
+            lines += ["", "Paired by seed (difference of char_acc against the first intervention; Student's t on the "
+                      "per-seed differences, and the exact sign-flip test):", ""]
+            for name, tests in paired.items():
+                for reading, label in (("single", f"single at L = {headline}"), ("stream", "stream")):
+                    test = tests[reading].get("char_acc")
+                    if test:
+                        lines.append(f"- {name} - {tests['against']}, {label}: {describe(test)}")
         paper = r.get("paper") or {}
         if paper:
             lines += ["", "Paper (Mamba-2, > 3x the training length, character accuracy): "

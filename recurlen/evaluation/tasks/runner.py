@@ -277,6 +277,13 @@ def run_copying(cfg: TaskExperimentConfig) -> Path:
                  "char_acc %.3f +- %.3f", name, len(s["seeds"]), headline, headline / c.length, c.length,
                  s["at_headline"]["char_acc"]["mean"], s["at_headline"]["char_acc"]["std"], c.stream_factor - 1,
                  s["stream"]["char_acc"]["mean"], s["stream"]["char_acc"]["std"])
+    for name, s in summary.items():
+        if s.get("paired"):
+            from recurlen.evaluation.tasks.paired import describe
+
+            log.info("copying %s - %s, paired by seed, char_acc: single at L=%d %s; stream %s", name,
+                     s["paired"]["against"], headline, describe(s["paired"]["single"]["char_acc"]),
+                     describe(s["paired"]["stream"]["char_acc"]) if s["paired"]["stream"] else "-")
     results = {**header, "format": "recurlen.tasks.copying/2", "intervention": list(c.interventions),
                "train_length": c.length, "train_seq_len": cfg.data.seq_len, "packed": c.packed, "lengths": lengths,
                "headline_length": headline, "stream_factor": c.stream_factor, "chance": 1.0 / c.alphabet_size,
