@@ -47,9 +47,10 @@ class RWKV6Config(ModelConfig):
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
     decay_init_range: tuple[float, float] | None = None
-    """None: the from-scratch log-log decay bias (time_decay) starts at zero, decays exp(-1) = 0.37 per token. A range
-    [lo, hi]: that bias is spread linearly over the key channels from lo to hi (BlinkDL's init uses -6 .. -1: decays
-    0.998 .. 0.69, slow memories). Only used when training from scratch."""
+    """None: fla's from-scratch decay bias (time_decay, w_t = exp(-exp(bias + ...))) of zero, every channel at
+    exp(-1) = 0.37 per token. A range [lo, hi]: that bias spread linearly over each head's key channels from lo to hi
+    (BlinkDL's span is -6 .. -1: decays 0.9975 .. 0.69; the demo's -8 .. -4). Only used when training from
+    scratch."""
     chunk_size: int = 64
     """Chunk length of the pure-PyTorch scan (any value gives the same result; multiples of 16 are fastest)."""
 

@@ -230,8 +230,9 @@ class RWKV6LM(StatefulLM):
     @torch.no_grad()
     def _init_weights(self) -> None:
         """From-scratch init: N(0, initializer_range) linears and embedding, zero biases, the two residual outputs
-        per block rescaled by 1/sqrt(2 K) as fla does; the channel mix's key orthogonal with gain
-        sqrt(I / D) as BlinkDL's (with N(0, 0.02) its squared ReLU would start near zero and the block with it);
+        per block rescaled by 1/sqrt(2 K) as fla does; the time mix's r, k, v and gate projections orthogonal, and
+        the channel mix's key orthogonal with gain sqrt(I / D), as BlinkDL's are (with N(0, 0.02) the output gate and
+        the squared ReLU start near zero: an untrained block would barely read its input's past);
         token-shift mixes at 0.5 (half the previous token); the decay bias from decay_init_range when set (spread
         over each head's key channels)."""
         cfg = self.config
@@ -246,6 +247,8 @@ class RWKV6LM(StatefulLM):
                 nn.init.kaiming_uniform_(lin.weight, a=math.sqrt(5))
                 lin.weight /= math.sqrt(2 * cfg.num_hidden_layers)
             nn.init.orthogonal_(ffn.key.linear.weight, gain=math.sqrt(cfg.ffn_size / cfg.hidden_size))
+            for proj in (attn.r_proj, attn.k_proj, attn.v_proj, attn.g_proj):
+                nn.init.orthogonal_(proj.linear.weight)
             for mu in (attn.x_proj[0].mu, attn.x_bias, ffn.key.mu, ffn.receptance.mu):
                 mu.fill_(0.5)
             if cfg.decay_init_range is not None:

@@ -205,12 +205,16 @@ def test_official_world_rows_have_the_release_shapes():
     assert preset("7b").head_dim == 64 and preset("3b").head_dim == 64
 
 
-def test_decay_bias_starts_at_zero_or_spread_over_the_range():
+def test_decay_bias_starts_spread_over_the_range_or_at_zero():
     torch.manual_seed(0)
-    assert all(torch.count_nonzero(b.attn.w_proj.linear.lora[2].bias) == 0 for b in RWKV6LM(preset("nano")).layers)
-    slow = RWKV6LM(preset("nano", decay_init_range=[-6.0, -1.0]))
-    bias = slow.layers[0].attn.w_proj.linear.lora[2].bias
-    assert float(bias.min()) == -6.0 and float(bias.max()) == -1.0
+    zero = RWKV6LM(preset("nano"))
+    assert all(torch.count_nonzero(b.attn.w_proj.linear.lora[2].bias) == 0 for b in zero.layers)
+    for fields, (lo, hi) in (({"decay_init_range": [-6.0, -1.0]}, (-6.0, -1.0)),
+                             ({"decay_init_range": [-8.0, -4.0]}, (-8.0, -4.0))):
+        bias = RWKV6LM(preset("nano", **fields)).layers[0].attn.w_proj.linear.lora[2].bias.detach()
+        per_head = bias.view(2, 32)
+        assert torch.equal(per_head[0], per_head[1])  # every head spans the range
+        assert float(per_head.min()) == lo and float(per_head.max()) == hi
     assert "decay_init_range" not in preset("nano", decay_init_range=[-6.0, -1.0]).to_official_json()
 
 
