@@ -137,6 +137,9 @@ class RWKV6Config(ModelConfig):
             raise ValueError(f"{source}: model_type is {cfg.get('model_type')!r}; an RWKV-6 checkpoint has 'rwkv6'")
         if cfg.get("attn") is not None:
             raise ValueError(f"{source}: attn={cfg['attn']!r} (hybrid attention layers) is not supported (need null)")
+        for key in ("use_short_conv", "use_glu"):  # options of older fla releases that no RWKV-6 checkpoint uses
+            if cfg.get(key):
+                raise ValueError(f"{source}: {key}={cfg[key]!r} is not supported (need false)")
         for name in ("hidden_size", "num_hidden_layers", "num_heads", "vocab_size"):
             if name not in cfg:
                 raise ValueError(f"{source}: missing required key {name!r}")

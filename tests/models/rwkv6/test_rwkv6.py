@@ -178,7 +178,31 @@ def test_fla_directory_round_trip_and_config(tmp_path):
     assert RWKV6LM.from_pretrained(str(tmp_path / "fla")).config.group_norm_eps == 1e-5
 
 
+FLA_HUB_7B = {  # fla-hub/rwkv6-7B-finch's config.json, as published (older fla keys included)
+    "_name_or_path": "fla-hub/rwkv6-7B-finch", "architectures": ["RWKV6ForCausalLM"], "attn_mode": "chunk",
+    "bos_token_id": 0, "clamp_min": None, "conv_size": 4, "eos_token_id": 0, "expand_k": 1, "expand_v": 1,
+    "fuse_cross_entropy": True, "fuse_norm": True, "gate_low_rank_dim": 128, "hidden_act": "sqrelu",
+    "hidden_ratio": 3.5, "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": None,
+    "max_position_embeddings": 2048, "model_type": "rwkv6", "norm_bias": True, "norm_eps": 1e-05, "norm_first": True,
+    "num_heads": 64, "num_hidden_layers": 32, "proj_low_rank_dim": 64, "share_conv_kernel": True,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True,
+    "use_glu": False, "vocab_size": 65536}
+
+
+def test_the_fla_hub_7b_config_is_the_7b_row():
+    cfg = RWKV6Config.from_official_json(FLA_HUB_7B)
+    assert RWKV6Config.recognises(FLA_HUB_7B)
+    row = preset("7b")
+    for name in ("hidden_size", "num_hidden_layers", "num_heads", "proj_low_rank_dim", "gate_low_rank_dim",
+                 "vocab_size", "ffn_size", "head_dim"):
+        assert getattr(cfg, name) == getattr(row, name), name
+    # fla's reader keeps fla's GroupNorm eps; BlinkDL's files (and the rows) use 64e-5.
+    assert cfg.group_norm_eps == 1e-5 and row.group_norm_eps == 64e-5
+
+
 def test_unsupported_configs_are_refused_clearly():
+    with pytest.raises(ValueError, match="use_short_conv=True is not supported"):
+        RWKV6Config.from_official_json({**FLA_HUB_7B, "use_short_conv": True})
     good = RWKV6Config().to_official_json()
     with pytest.raises(ValueError, match="model_type is 'gla'"):
         RWKV6Config.from_official_json({**good, "model_type": "gla"})
