@@ -14,6 +14,8 @@ MAMBA_SSM ?= mamba-ssm==2.3.2.post1
 # the release whose chunked GLA kernel the interpreter tests were verified with.
 FLA_CORE ?= fla-core==0.6.0
 KERNELS_STAMP := $(VENV)/.kernels-cpu
+# make bench: every script appends its headline rows here, and benchmarks/table.py prints them as one table.
+BENCH_RESULTS := runs/bench/results.jsonl
 
 OFFICIAL := 130m 370m 780m 1.3b 2.7b
 MODEL ?= tiny
@@ -116,8 +118,10 @@ tensorboard: $(STAMP) ## TensorBoard over every run under runs/
 generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) or ARGS='--checkpoint runs/x'
 	$(PY) -m recurlen generate $(if $(ARGS),$(ARGS),model=$(MODEL))
 
-bench: $(STAMP) ## run the CPU benchmark scripts (quick settings)
-	for b in $(filter-out benchmarks/bench_gpu%.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; $(PY) $$b --quick || exit 1; done
+bench: $(STAMP) ## run the CPU benchmark scripts (quick settings; not in CI), ending with one table of every ratio
+	$(PY) benchmarks/table.py --start $(BENCH_RESULTS)
+	for b in $(filter-out benchmarks/bench_gpu%.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; RECURLEN_BENCH_RESULTS=$(BENCH_RESULTS) $(PY) $$b --quick || exit 1; done
+	$(PY) benchmarks/table.py $(BENCH_RESULTS)
 
 gpu-check: ## the GPU path in one command (GPU machine, <10 min): installs it, tests, agreement, speed, 130m runs, JSON
 	ARGS="$(ARGS)" bash scripts/gpu_check.sh

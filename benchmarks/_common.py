@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import time
@@ -45,15 +47,96 @@ def print_environment(title: str, threads: int) -> None:
 
 
 def measure_matmul_peak(*, size: int, repeats: int) -> float:
-    """float32 FLOP/s of a (size x size) @ (size x size) matmul: the fastest of `repeats` after a warm-up.
+    """float32 FLOP/s of a (size x size) @ (size x size) matmul: the fastest of `repeats` after a warm-up."""
+    return MatmulPeak(size=size, repeats=repeats).measure("once")
 
-    The fastest, not the median: a peak is what the machine can do, and other jobs only slow runs down.
+
+class MatmulPeak:
+    """The float32 matmul peak, measured interleaved with the model: the denominator of every "% of peak".
+
+    Measured once before the model runs, the peak comes out systematically low (measured again after the
+    model, it was 1.3x higher on an idle 2-core machine and up to 3.3x under load): the first matmuls of a
+    process pay for page faults, a cold thread pool and clocks that have not ramped up yet. So a benchmark
+    measures it before the model, between its timed repeats and after, and divides by the largest: a peak
+    is what the machine can do, and other jobs and cold starts only slow a measurement down. Every
+    measurement is kept, with the load average (1 min) at the start and at the end, so that a reader sees
+    how far they spread.
     """
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
-    out = torch.empty(size, size)
-    torch.matmul(a, b, out=out)
-    return 2.0 * size**3 / min(timed(lambda: torch.matmul(a, b, out=out)) for _ in range(repeats))
+
+    def __init__(self, *, size: int = 2048, repeats: int = 5, between_repeats: int = 2) -> None:
+        self.size, self.repeats, self.between_repeats = size, repeats, between_repeats
+        self.samples: list[tuple[str, float]] = []
+        self.load_start = load_1min()
+        self.load_end = self.load_start
+
+    def measure(self, when: str, repeats: int | None = None) -> float:
+        """Time the matmul (one untimed call, then the fastest of `repeats`); `when` is before/between/after."""
+        a, b = torch.randn(self.size, self.size), torch.randn(self.size, self.size)
+        out = torch.empty(self.size, self.size)
+        torch.matmul(a, b, out=out)
+        best = min(timed(lambda: torch.matmul(a, b, out=out)) for _ in range(repeats or self.repeats))
+        flops = 2.0 * self.size**3 / best
+        self.samples.append((when, flops))
+        self.load_end = load_1min()
+        return flops
+
+    def between(self) -> float:
+        return self.measure("between", self.between_repeats)
+
+    def of(self, when: str) -> list[float]:
+        return [f for w, f in self.samples if w == when]
+
+    @property
+    def denominator(self) -> float:
+        if not self.samples:
+            raise RuntimeError("MatmulPeak: no measurement yet; call measure('before') first")
+        return max(f for _, f in self.samples)
+
+    def summary(self) -> dict[str, float | None]:
+        """GFLOP/s before (first), between (largest), after (last), the denominator, and the load at both ends."""
+        def gflops(values: list[float], pick) -> float | None:
+            return round(pick(values) / 1e9, 1) if values else None
+
+        return {"before": gflops(self.of("before"), lambda v: v[0]), "between": gflops(self.of("between"), max),
+                "after": gflops(self.of("after"), lambda v: v[-1]), "max": round(self.denominator / 1e9, 1),
+                "load_start": self.load_start, "load_end": self.load_end}
+
+    def report(self) -> str:
+        s = self.summary()
+        between = self.of("between")
+        spread = (f", between the repeats {min(between) / 1e9:.1f} - {max(between) / 1e9:.1f} ({len(between)} times)"
+                  if between else "")
+        return (f"float32 matmul peak ({self.size}^3, fastest of {self.repeats}): {s['before']} GFLOP/s before the "
+                f"model{spread}, {s['after']} after; '% of peak' divides by the largest, {s['max']} GFLOP/s "
+                f"(before / largest = {s['before'] / s['max']:.2f}); load average (1 min) {s['load_start']:.2f} at "
+                f"start, {s['load_end']:.2f} at end")
+
+
+def load_1min() -> float:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return float("nan")
+
+
+# ---------------------------------------------------------------------------------- the make bench table
+LOAD_AT_IMPORT = load_1min()
+
+
+def add_results_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", default=os.environ.get("RECURLEN_BENCH_RESULTS"), metavar="FILE",
+                        help="append this run's headline rows to FILE (JSON lines; benchmarks/table.py prints them "
+                             "as one table; default $RECURLEN_BENCH_RESULTS, which make bench sets)")
+
+
+def record(path: str | None, **row: object) -> None:
+    """Append one row of the make bench table (benchmarks/table.py documents the fields) to `path`, if given."""
+    if path is None:
+        return
+    row.setdefault("load_start", LOAD_AT_IMPORT)
+    row.setdefault("load_end", load_1min())
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -17,6 +17,7 @@ import logging
 import time
 from itertools import islice
 
+import _common
 import torch
 import torch.nn.functional as F
 
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--loader-steps", type=int, default=500, help="batches timed for loader throughput")
     parser.add_argument("--cache-dir", default=None, help="token cache (default $RECURLEN_CACHE or ~/.cache/recurlen)")
     parser.add_argument("--quick", action="store_true", help="one shape, workers 0, fewer steps (make bench)")
+    _common.add_results_option(parser)
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.workers, args.steps, args.loader_steps = "64x32", "0", 8, 100
@@ -84,6 +86,9 @@ def main() -> None:
             share = fetch_s / (fetch_s + step_s)
             print(f"{shape:>10} {workers:>7} {tok_s:>13,.0f} {step_s * 1e3:>8.1f} {fetch_s * 1e3:>9.3f} "
                   f"{share:>7.2%}")
+            _common.record(args.results, benchmark=f"data wait share ({workers} workers)", shape=f"tiny {shape}",
+                           unit="ms fetch", recurlen=fetch_s * 1e3, peers={"step ms": step_s * 1e3},
+                           ratios={"of the loop": share}, higher_is_better=False, target="< 0.02 (2%)")
 
 
 if __name__ == "__main__":

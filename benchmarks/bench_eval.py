@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+import _common
+
 SIZES = (4096, 16384, 65536)
 CHUNK = 2048
 
@@ -65,7 +67,7 @@ def run_worker(mode: str, tokens: int, threads: int | None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_positionwise(sizes: list[int], threads: int | None) -> None:
+def bench_positionwise(sizes: list[int], threads: int | None, results: str | None) -> None:
     rows = [(run_worker("chunked", n, threads), run_worker("unchunked", n, threads)) for n in sizes]
     base_c, base_u = rows[0]
     print(f"\nposition-wise evaluation, tiny model, chunk {CHUNK}, fresh process per size "
@@ -85,6 +87,13 @@ def bench_positionwise(sizes: list[int], threads: int | None) -> None:
     scale = last["tokens"] / first["tokens"]
     mem_ok = mem_ratio <= 1.25
     time_ok = time_ratio <= 17 * scale / 16
+    _common.record(results, benchmark="position-wise eval memory", shape=f"tiny 1x{last['tokens']}", unit="MB",
+                   recurlen=last["peak_rss_mb"], peers={f"1x{first['tokens']}": first["peak_rss_mb"]},
+                   ratios={f"1x{first['tokens']}": mem_ratio}, higher_is_better=False, target="<= 1.25x")
+    _common.record(results, benchmark="position-wise eval time", shape=f"tiny 1x{last['tokens']}", unit="s",
+                   recurlen=last["time_s"], peers={f"1x{first['tokens']}": first["time_s"]},
+                   ratios={f"1x{first['tokens']}": time_ratio}, higher_is_better=False,
+                   target=f"<= {17 * scale / 16:.0f}x (linear {scale:.0f}x)")
     print(f"target memory({last['tokens']})/memory({first['tokens']}) <= 1.25: {mem_ratio:.3f} "
           f"{'PASS' if mem_ok else 'FAIL'}")
     print(f"target time ratio <= {17 * scale / 16:.0f} (linear: {scale:.0f}): {time_ratio:.2f} "
@@ -137,13 +146,14 @@ def main() -> None:
     parser.add_argument("--worker", choices=["chunked", "unchunked"], help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="4k and 16k tokens only, no EffRem (make bench)")
+    _common.add_results_option(parser)
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.skip_effrem = [s for s in args.sizes if s <= 16384] or args.sizes[:1], True
     if args.worker:
         print(json.dumps(worker(args.worker, args.tokens, args.threads)))
         return
-    bench_positionwise(sorted(args.sizes), args.threads)
+    bench_positionwise(sorted(args.sizes), args.threads, args.results)
     if not args.skip_effrem:
         bench_effrem(args.threads)
 

@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--reset", action="store_true", help="also run the reset control (twice the time)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="4k and 8k tokens only (make bench)")
+    _common.add_results_option(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -110,6 +111,10 @@ def main() -> None:
     mem_ratio = last["peak_mib"] / first["peak_mib"]
     scale = last["tokens"] / first["tokens"]
     time_ratio = last["seconds"] / first["seconds"]
+    _common.record(args.results, benchmark="position-wise eval memory (VmHWM)", shape=f"{args.shape} 1x"
+                   f"{last['tokens']}", unit="MiB", recurlen=last["peak_mib"], peers={f"1x{first['tokens']}":
+                   first["peak_mib"]}, ratios={f"1x{first['tokens']}": mem_ratio}, higher_is_better=False,
+                   target=f"<= {MEMORY_TARGET}x")
     print(f"target peak({last['tokens']}) / peak({first['tokens']}) <= {MEMORY_TARGET}: {mem_ratio:.2f}x "
           f"{'met' if mem_ratio <= MEMORY_TARGET else 'MISSED'}")
     print(f"target time({last['tokens']}) / time({first['tokens']}) <= {TIME_SLACK} x {scale:.0f} (linear): "

@@ -1,12 +1,13 @@
 """GLA training step on CPU: achieved model FLOP/s as a fraction of the measured float32 matmul peak.
 
     python benchmarks/bench_gla.py                     # the 340m shape (fla-hub/gla-340M), batch 1 x 512
-    python benchmarks/bench_gla.py --quick             # tiny shape, fewer steps
+    python benchmarks/bench_gla.py --quick             # tiny and 340m shapes, fewer steps (make bench)
     python benchmarks/bench_gla.py --shapes 340m --length 1024 --threads 2
 
 One step = forward + next-token cross-entropy + backward + AdamW (fused) step, float32, backend='torch'.
 There is no pure-PyTorch GLA peer to race (fla's layers need Triton), so the peer is the machine:
-the fastest of several float32 (size x size) matmuls, measured in the same run before and after.
+the fastest of several float32 (size x size) matmuls, measured in the same process before the model, after
+every timed step and after the model; "% of peak" divides by the largest (_common.MatmulPeak says why).
 
 Model FLOPs per token (training = 3 x forward):
   dense = 6 x (every projection and MLP weight, plus the LM head; the embedding lookup, norms and
@@ -22,7 +23,7 @@ import statistics
 
 import _common
 import torch
-from bench_train_step import Timing, make_train_step
+from bench_train_step import make_train_step, run_interleaved
 
 from recurlen.models.gla import GLALM, preset
 from recurlen.models.gla.scan import SUB
@@ -45,7 +46,7 @@ def train_flops_per_token(model: GLALM) -> tuple[float, float]:
     return 6.0 * dense_weights, gla
 
 
-def bench_shape(name: str, args: argparse.Namespace, peak: float) -> float:
+def bench_shape(name: str, args: argparse.Namespace, peak: _common.MatmulPeak) -> dict:
     make_cfg, batch, length, target = SHAPES[name]
     cfg = make_cfg()
     batch, length = args.batch or batch, args.length or length
@@ -58,28 +59,19 @@ def bench_shape(name: str, args: argparse.Namespace, peak: float) -> float:
     print(f"model FLOPs/token: {_common.fmt_si(dense)} dense + {_common.fmt_si(gla)} GLA")
     ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(args.seed + 1))
     step = make_train_step(lambda x: model(x)[0], model.parameters(), ids, cfg.vocab_size, adamw="fused")
-    for _ in range(args.warmup):
-        step()
-    t = Timing()
-    for _ in range(args.repeats):
-        fwd_bwd, opt, cpu = step()
-        t.fwd_bwd.append(fwd_bwd)
-        t.opt.append(opt)
-        t.cpu.append(cpu)
+    t = run_interleaved({"recurlen": step}, warmup=args.warmup, repeats=args.repeats, peak=peak)["recurlen"]
     seconds = statistics.median(t.steps)
     flops = (dense + gla) * batch * length / seconds
-    fraction = flops / peak
-    verdict = "" if target is None else f" (target >= {target:.0%}: {'met' if fraction >= target else 'MISSED'})"
     print(f"step {seconds * 1e3:.0f} ms [{min(t.steps) * 1e3:.0f} - {max(t.steps) * 1e3:.0f}], fwd+bwd "
           f"{statistics.median(t.fwd_bwd) * 1e3:.0f} ms, AdamW {statistics.median(t.opt) * 1e3:.0f} ms; "
-          f"{batch * length / seconds:.1f} tokens/s; {flops / 1e9:.1f} GFLOP/s = {fraction:.1%} of peak{verdict}")
-    return fraction
+          f"{batch * length / seconds:.1f} tokens/s; {flops / 1e9:.1f} GFLOP/s")
+    return {"shape": f"{name} {batch}x{length}", "tok_s": batch * length / seconds, "flops": flops, "target": target}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny shape, 1 warm-up + 2 timed steps")
+    parser.add_argument("--quick", action="store_true", help="both shapes, 1 warm-up + 2 timed steps (make bench)")
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="shapes to run (default: 340m)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=1)
@@ -88,17 +80,27 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=None)
     parser.add_argument("--peak-size", type=int, default=2048, help="matmul size for the float32 peak")
     parser.add_argument("--seed", type=int, default=0)
+    _common.add_results_option(parser)
     args = parser.parse_args()
-    args.shapes = args.shapes or (["tiny"] if args.quick else ["340m"])
+    args.shapes = args.shapes or (list(SHAPES) if args.quick else ["340m"])
     args.repeats = args.repeats or (2 if args.quick else 3)
     threads = _common.set_threads(args.threads)
     _common.print_environment("GLA training step (backend='torch'): fraction of the float32 matmul peak", threads)
-    peak_before = _common.measure_matmul_peak(size=args.peak_size, repeats=5)
-    results = {name: bench_shape(name, args, peak_before) for name in args.shapes}
-    peak_after = _common.measure_matmul_peak(size=args.peak_size, repeats=5)
-    print(f"\nfloat32 matmul peak ({args.peak_size}^3, fastest of 5): {peak_before / 1e9:.1f} GFLOP/s before the "
-          f"shapes, {peak_after / 1e9:.1f} after (fractions use the first)")
-    print("summary: " + ", ".join(f"{n} {f:.1%} of peak" for n, f in results.items()))
+    peak = _common.MatmulPeak(size=args.peak_size)
+    peak.measure("before")
+    results = {name: bench_shape(name, args, peak) for name in args.shapes}
+    peak.measure("after")
+    print("\n" + peak.report())
+    for name, r in results.items():
+        fraction = r["flops"] / peak.denominator
+        first = r["flops"] / (peak.of("before")[0])
+        verdict = "" if r["target"] is None else (f" (target >= {r['target']:.0%}: "
+                                                   f"{'met' if fraction >= r['target'] else 'MISSED'})")
+        print(f"summary {name}: {r['flops'] / 1e9:.1f} GFLOP/s = {fraction:.1%} of the largest peak{verdict}; "
+              f"{first:.1%} of the peak measured before the model alone")
+        _common.record(args.results, benchmark="GLA train step", shape=r["shape"], unit="tokens/s",
+                       recurlen=r["tok_s"], peers={}, ratios={}, higher_is_better=True, pct_of_peak=fraction,
+                       target="" if r["target"] is None else f">= {r['target']:.0%} of peak", peak=peak.summary())
     print(f"# load average at end: {_common.load_average()}")
 
 

@@ -13,6 +13,7 @@ import argparse
 import statistics
 import time
 
+import _common
 import torch
 
 from recurlen import Mamba2LM, preset
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
+    _common.add_results_option(parser)
     args = parser.parse_args()
     if args.quick:
         args.steps, args.warmup = 15, 3
@@ -79,6 +81,11 @@ def main() -> None:
     for name in INTERVENTIONS:
         med = statistics.median(times[name])
         print(f"{name:>14s} {med * 1e3:9.2f} {100 * (med / base - 1):+8.1f}%")
+        if name != "none":
+            _common.record(args.results, benchmark=f"step time, {name}", shape=f"{args.model} {args.batch}x"
+                           f"{args.seq_len}", unit="ms", recurlen=med * 1e3, peers={"none": base * 1e3},
+                           ratios={"none": med / base}, higher_is_better=False,
+                           target="<= 1.03x" if name in ("state_passing", "tbptt") else "")
 
 
 if __name__ == "__main__":

@@ -188,6 +188,7 @@ def measure(shape: str, tokens: int, method: str, args: argparse.Namespace) -> d
 
 
 def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, float]:
+    """Peak memory at each length; returns peak(last) / peak(first) per method (and records them)."""
     mib = 2.0**20
     print(f"\n== {args.arch} {shape}: batch 1, segments of {args.segment} tokens")
     print(f"{'tokens':>8} {'segments':>8} {'method':>9} {'peak MiB':>9} {'runs (MiB)':>22} {'x first':>8} "
@@ -208,6 +209,10 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, float]:
             print(f"{tokens:>8} {-(-tokens // args.segment):>8} {method:>9} {peak / mib:>9.1f} {each:>22} "
                   f"{ratios[method]:>7.2f}x {seconds:>6.1f} {tokens / seconds:>7.0f} {runs[0]['mean_nll']:>9.4f}{note}")
     for method, ratio in ratios.items():
+        _common.record(args.results, benchmark=f"{args.arch} forward memory ({method})", shape=f"{shape} 1x"
+                       f"{args.lengths[-1]}", unit="MiB", recurlen=first[method] * ratio / mib,
+                       peers={f"1x{args.lengths[0]}": first[method] / mib}, ratios={f"1x{args.lengths[0]}": ratio},
+                       higher_is_better=False, target=f"<= {TARGET_RATIO}x")
         verdict = "met" if ratio <= TARGET_RATIO else "MISSED"
         print(f"{shape} {method:>9}: peak({args.lengths[-1]}) / peak({args.lengths[0]}) = {ratio:.2f}x "
               f"(target <= {TARGET_RATIO}x: {verdict})")
@@ -233,6 +238,7 @@ def main() -> None:
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
+    _common.add_results_option(parser)
     args = parser.parse_args()
     if args.segment <= 0 or args.logits_rows <= 0 or any(n <= 0 for n in args.lengths):
         parser.error(f"--segment, --logits-rows and --lengths must be positive; got {args.segment}, "

@@ -1,7 +1,7 @@
 """Training-step throughput: recurlen's CPU path against transformers' Mamba2ForCausalLM, same run.
 
     python benchmarks/bench_train_step.py              # tiny and 130m shapes
-    python benchmarks/bench_train_step.py --quick      # tiny shape, fewer steps
+    python benchmarks/bench_train_step.py --quick      # both shapes, fewer steps (make bench)
     python benchmarks/bench_train_step.py --shapes 130m --threads 2 --repeats 5
 
 One step = forward + next-token cross-entropy + backward + AdamW step, all float32, on the same token
@@ -28,8 +28,13 @@ their FLOP/s ratio is their throughput ratio):
           the chunked SSD forward at chunk length l: C.B^T scores (once per group), scores @ x (per
           head), chunk states and state -> outputs (per head), full l x l blocks as the chunked
           algorithm computes them; backward = 2 x forward.
-The peak is the fastest of several float32 (size x size) @ (size x size) torch.matmul calls, measured in
-the same run before and after the shapes.
+The peak is the fastest of several float32 (size x size) @ (size x size) torch.matmul calls, measured in the
+same process before the shapes, between every round of timed steps and after the shapes; "% of peak" divides
+by the largest of them (_common.MatmulPeak says why), and all of them are printed with the load average.
+
+transformers (5.x) has one CPU path for Mamba-2: the chunked SSD in PyTorch (`mamba2_chunk_scan`); its other
+paths are mamba-ssm / causal-conv1d / Hub kernels, which run on CUDA only. The peer runs that path at the
+model's chunk size; `--peer-chunk-size` gives it another (the result does not depend on the chunk size).
 """
 
 from __future__ import annotations
@@ -202,8 +207,46 @@ class Timing:
         return [a + b for a, b in zip(self.fwd_bwd, self.opt)]
 
 
-def bench_shape(name: str, args: argparse.Namespace, peak: float) -> tuple[float, bool]:
-    """Check and time one shape; returns (throughput ratio recurlen / transformers, same function)."""
+def run_interleaved(impls: dict, *, warmup: int, repeats: int, peak: _common.MatmulPeak | None) -> dict[str, Timing]:
+    """Time every implementation's step in rounds, one step each per round and the order rotated every round
+    (A B C, B C A, ...), so that drift in machine load hits them alike; the matmul peak is measured again
+    after every round (between the repeats)."""
+    order = list(impls)
+    for _ in range(warmup):
+        for impl in order:
+            impls[impl]()
+    times = {impl: Timing() for impl in impls}
+    for r in range(repeats):
+        k = r % len(order)
+        for impl in order[k:] + order[:k]:
+            fwd_bwd, opt, cpu = impls[impl]()
+            times[impl].fwd_bwd.append(fwd_bwd)
+            times[impl].opt.append(opt)
+            times[impl].cpu.append(cpu)
+        if peak is not None:
+            peak.between()
+    return times
+
+
+def print_timings(times: dict[str, Timing], tokens: int, per_token: float | None = None) -> dict[str, float]:
+    """The per-implementation table (medians); returns tokens/s per implementation."""
+    flops_cols = f" {'GFLOP/s':>8}" if per_token else ""
+    print(f"{'':<22} {'step ms':>9} {'[min - max]':>17} {'fwd+bwd ms':>11} {'AdamW ms':>9} {'cpu ms':>8} "
+          f"{'tokens/s':>10}{flops_cols}")
+    tok_s = {}
+    for impl, t in times.items():
+        step = statistics.median(t.steps)
+        tok_s[impl] = tokens / step
+        spread = f"[{min(t.steps) * 1e3:.0f} - {max(t.steps) * 1e3:.0f}]"
+        flops = f" {per_token * tok_s[impl] / 1e9:>8.1f}" if per_token else ""
+        print(f"{impl:<22} {step * 1e3:>9.1f} {spread:>17} {statistics.median(t.fwd_bwd) * 1e3:>11.1f} "
+              f"{statistics.median(t.opt) * 1e3:>9.1f} {statistics.median(t.cpu) * 1e3:>8.0f} {tok_s[impl]:>10.1f}"
+              f"{flops}")
+    return tok_s
+
+
+def bench_shape(name: str, args: argparse.Namespace, peak: _common.MatmulPeak) -> dict:
+    """Check and time one shape; returns its row of the summary (tokens/s per model, FLOPs/token, same function)."""
     make_cfg, batch, length, target = SHAPES[name]
     cfg = make_cfg()
     if args.chunk_size is not None:
@@ -223,58 +266,43 @@ def bench_shape(name: str, args: argparse.Namespace, peak: float) -> tuple[float
     if not args.no_check:
         check_len = cfg.chunk_size + cfg.chunk_size // 2 + 3
         same = check_same_function(model, peer, batch=2, length=check_len, seed=args.seed)
+    peer_chunk = args.peer_chunk_size or cfg.chunk_size
+    for layer in peer.backbone.layers:
+        layer.mixer.chunk_size = peer_chunk
 
     ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(args.seed + 1))
     model.train()
     peer.train()
+    peer_name_ = f"transformers (chunk {peer_chunk})"
     impls = {
         "recurlen": make_train_step(lambda x: model(x, backend="torch")[0], model.parameters(), ids, cfg.vocab_size,
                                     adamw=args.adamw),
-        "transformers": make_train_step(lambda x: peer(x, use_cache=False).logits, peer.parameters(), ids,
-                                        cfg.vocab_size, adamw=args.adamw),
+        peer_name_: make_train_step(lambda x: peer(x, use_cache=False).logits, peer.parameters(), ids,
+                                    cfg.vocab_size, adamw=args.adamw),
     }
-    order = list(impls)
-    for _ in range(args.warmup):
-        for impl in order:
-            impls[impl]()
-    times = {impl: Timing() for impl in impls}
-    for r in range(args.repeats):
-        for impl in order if r % 2 == 0 else order[::-1]:
-            fwd_bwd, opt, cpu = impls[impl]()
-            times[impl].fwd_bwd.append(fwd_bwd)
-            times[impl].opt.append(opt)
-            times[impl].cpu.append(cpu)
+    times = run_interleaved(impls, warmup=args.warmup, repeats=args.repeats, peak=peak)
 
     dense, ssd = train_flops_per_token(cfg)
     per_token = dense + ssd
     print(f"params {n_params / 1e6:.2f} M; model FLOPs/token {_common.fmt_si(dense)} dense + "
           f"{_common.fmt_si(ssd)} SSD = {_common.fmt_si(per_token)}; AdamW {args.adamw}; {args.warmup} warm-up + "
           f"{args.repeats} timed steps each; medians")
-    print(f"{'':<13} {'step ms':>9} {'[min - max]':>17} {'fwd+bwd ms':>11} {'AdamW ms':>9} {'cpu ms':>8} "
-          f"{'tokens/s':>10} {'GFLOP/s':>8} {'of peak':>8}")
-    tok_s, fwd_bwd, cpu = {}, {}, {}
-    for impl, t in times.items():
-        step = statistics.median(t.steps)
-        fwd_bwd[impl] = statistics.median(t.fwd_bwd)
-        cpu[impl] = statistics.median(t.cpu)
-        tok_s[impl] = tokens / step
-        flops = per_token * tok_s[impl]
-        spread = f"[{min(t.steps) * 1e3:.0f} - {max(t.steps) * 1e3:.0f}]"
-        print(f"{impl:<13} {step * 1e3:>9.1f} {spread:>17} {fwd_bwd[impl] * 1e3:>11.1f} "
-              f"{statistics.median(t.opt) * 1e3:>9.1f} {cpu[impl] * 1e3:>8.0f} {tok_s[impl]:>10.1f} "
-              f"{flops / 1e9:>8.1f} {flops / peak:>8.1%}")
-    ratio = tok_s["recurlen"] / tok_s["transformers"]
+    tok_s = print_timings(times, tokens, per_token)
+    fwd_bwd = {impl: statistics.median(t.fwd_bwd) for impl, t in times.items()}
+    cpu = {impl: statistics.median(t.cpu) for impl, t in times.items()}
+    ratio = tok_s["recurlen"] / tok_s[peer_name_]
     verdict = "met" if ratio >= target else "MISSED"
     print(f"ratio recurlen / transformers: {ratio:.2f}x per step (target >= {target:g}x: {verdict}); "
-          f"{fwd_bwd['transformers'] / fwd_bwd['recurlen']:.2f}x forward + backward alone; "
-          f"{cpu['transformers'] / cpu['recurlen']:.2f}x in process CPU time per step")
-    return ratio, same
+          f"{fwd_bwd[peer_name_] / fwd_bwd['recurlen']:.2f}x forward + backward alone; "
+          f"{cpu[peer_name_] / cpu['recurlen']:.2f}x in process CPU time per step")
+    return {"shape": f"{name} {batch}x{length}", "tok_s": tok_s, "per_token": per_token, "same": same,
+            "target": target}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny shape only, 1 warm-up + 3 timed steps")
+    parser.add_argument("--quick", action="store_true", help="1 warm-up + 3 timed steps (make bench)")
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="shapes to run (default: all)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model (default 2, quick 1)")
@@ -286,10 +314,13 @@ def main() -> None:
                         help="torch.optim.AdamW implementation, the same for both models (default: fused; "
                              "'default' is torch's choice, the for-loop on CPU, as recurlen.training.optim builds it)")
     parser.add_argument("--peak-size", type=int, default=2048, help="matmul size for the float32 peak")
+    parser.add_argument("--peer-chunk-size", type=int, default=None,
+                        help="the peer's SSD chunk size (default: the model's)")
     parser.add_argument("--no-check", action="store_true", help="skip the same-function check")
+    _common.add_results_option(parser)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    args.shapes = args.shapes or (["tiny"] if args.quick else list(SHAPES))
+    args.shapes = args.shapes or list(SHAPES)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     args.repeats = args.repeats if args.repeats is not None else (3 if args.quick else 7)
     if args.repeats <= 0 or args.warmup < 0:
@@ -305,15 +336,24 @@ def main() -> None:
                               threads)
     print(f"# recurlen from {os.path.dirname(recurlen.__file__)}; transformers {transformers.__version__}; "
           f"kernel packages: {kernel_packages()}")
-    peak_repeats = 5 if args.quick else 10
-    peak_before = _common.measure_matmul_peak(size=args.peak_size, repeats=peak_repeats)
-    results = {name: bench_shape(name, args, peak_before) for name in args.shapes}
-    peak_after = _common.measure_matmul_peak(size=args.peak_size, repeats=peak_repeats)
-    print(f"\nfloat32 matmul peak ({args.peak_size}^3, fastest of {peak_repeats}): {peak_before / 1e9:.1f} GFLOP/s "
-          f"before the shapes, {peak_after / 1e9:.1f} after (the 'of peak' columns use the first)")
-    print("summary: " + ", ".join(f"{name} {r:.2f}x (target {SHAPES[name][3]:g}x)" for name, (r, _) in results.items()))
+    peak = _common.MatmulPeak(size=args.peak_size, repeats=5 if args.quick else 10)
+    peak.measure("before")
+    results = {name: bench_shape(name, args, peak) for name in args.shapes}
+    peak.measure("after")
+    print("\n" + peak.report())
+    for name, row in results.items():
+        recurlen_tok_s = row["tok_s"].pop("recurlen")
+        ratios = {peer: recurlen_tok_s / tok_s for peer, tok_s in row["tok_s"].items()}
+        pct = row["per_token"] * recurlen_tok_s / peak.denominator
+        peer_pct = {peer: row["per_token"] * tok_s / peak.denominator for peer, tok_s in row["tok_s"].items()}
+        print(f"summary {name}: recurlen {recurlen_tok_s:.0f} tokens/s = {pct:.1%} of peak; "
+              + ", ".join(f"{ratios[p]:.2f}x {p} ({peer_pct[p]:.1%} of peak)" for p in ratios)
+              + f" (target {row['target']:g}x)")
+        _common.record(args.results, benchmark="Mamba-2 train step", shape=row["shape"], unit="tokens/s",
+                       recurlen=recurlen_tok_s, peers=row["tok_s"], ratios=ratios, higher_is_better=True,
+                       target=f">= {row['target']:g}x", pct_of_peak=pct, peak=peak.summary())
     print(f"# load average at end: {_common.load_average()}")
-    mismatched = [name for name, (_, same) in results.items() if not same]
+    mismatched = [name for name, row in results.items() if not row["same"]]
     if mismatched:
         sys.exit(f"the two models are not the same function at {mismatched}: the timings compare different models")
 
