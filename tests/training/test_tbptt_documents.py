@@ -30,7 +30,8 @@ def short_documents(tmp_path_factory) -> str:
 
 def run(experiment, run_dir, source, *extra, crash_after=None):
     cfg = experiment(run_dir, f"data.source={source}", "data.val_segments=0", "data.val_sequences=0",
-                     "intervention=tbptt", "trainer.max_steps=10", "trainer.checkpoint_every_n_steps=5", *extra)
+                     "intervention=tbptt", "intervention.pass_conv=true", "trainer.max_steps=10",
+                     "trainer.checkpoint_every_n_steps=5", *extra)
     assert cfg.data.layout == "documents" and cfg.intervention.reset_prob == 0.0
     rec = Recorder()
     callbacks = [rec] if crash_after is None else [rec, CrashAfter(crash_after)]

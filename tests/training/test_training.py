@@ -83,10 +83,12 @@ def test_each_intervention_trains_end_to_end(tmp_path, experiment, name):
         assert "carried" not in state
 
 
-@pytest.mark.parametrize("name", ["state_passing", "tbptt"])
-def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, experiment, name):
+@pytest.mark.parametrize("name, pass_conv", [("state_passing", True), ("tbptt", True), ("state_passing", False),
+                                             ("tbptt", False)])
+def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, experiment, name, pass_conv):
     cfg = experiment(tmp_path / "run", *RUN, f"intervention={name}", "intervention.reset_prob=0.25",
-                     "trainer.max_steps=6")
+                     "trainer.max_steps=6", f"intervention.pass_conv={str(pass_conv).lower()}")
+    assert cfg.intervention.pass_conv is pass_conv
     rec = Recorder()
     run_finetune(cfg, callbacks=[rec])
     assert rec.inits[0].ssm.abs().sum() == 0  # nothing to carry at step 0
@@ -98,9 +100,9 @@ def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, experiment,
                 resets += 1
                 continue
             assert torch.equal(init.ssm[:, lane], prev.ssm[:, lane])
-            if name == "tbptt":  # pass_conv: the whole state continues
+            if pass_conv:  # the whole state continues
                 assert torch.equal(init.conv[:, lane], prev.conv[:, lane])
-            else:  # the paper's state passing carries the SSM state only
+            else:  # the default for both, as the paper's pseudocode: the SSM state only
                 assert init.conv[:, lane].abs().sum() == 0
     assert 0 < resets < 20  # reset_prob 0.25 over 20 lane-steps
 
@@ -108,7 +110,8 @@ def test_step_k_final_state_is_step_k_plus_1_initial_state(tmp_path, experiment,
 def test_tbptt_lanes_continue_exactly(tmp_path, experiment):
     """Carried state after 2 steps of 16 tokens == the state after one 32-token forward (frozen weights)."""
     cfg = experiment(tmp_path / "run", *RUN, "intervention=tbptt", "intervention.reset_prob=0",
-                     "trainer.max_steps=2", "optim.lr=1e-30", "optim.weight_decay=0", "optim.grad_clip=0")
+                     "intervention.pass_conv=true", "trainer.max_steps=2", "optim.lr=1e-30", "optim.weight_decay=0",
+                     "optim.grad_clip=0")
     rec = Recorder()
     run_finetune(cfg, callbacks=[rec])
     b0, b1 = rec.batches
@@ -128,7 +131,7 @@ def test_tbptt_window_lanes_restart_from_zero_exactly_every_tbptt_segments_resum
     """TBTT's window form: long sequences of tbptt_segments segments of the stream from a zero state, no random
     resets; a run killed inside a long sequence resumes with the carried state and restarts on the same steps."""
     common = ["intervention=tbptt", "intervention.tbptt_over=stream", "intervention.tbptt_segments=3",
-              "trainer.max_steps=8",
+              "intervention.pass_conv=true", "trainer.max_steps=8",
               "trainer.checkpoint_every_n_steps=4", "trainer.val_every_n_steps=4"]
     cfg = experiment(tmp_path / "full", *RUN, *common)
     assert cfg.intervention.reset_prob == 0.0  # the intervention's preset: no random resets

@@ -36,7 +36,10 @@ class InterventionConfig:
     every multiple of it within a document; stream: at every step that is a multiple of it. None: no limit (a
     whole document, or one endless stream per lane)."""
     pass_conv: bool = False
-    """state_passing / tbptt: carry the conv window too (exact continuation) or the SSM state only (paper)."""
+    """state_passing / tbptt: carry the whole state, the conv window (and any other window part) too, or only the
+    recurrent part (false, the default for both: the paper's pseudocode). The two differ only in the data, so
+    they carry the same parts; carrying the window makes TBTT an exact continuation of its document (measured
+    in docs/demo.md)."""
     fit_batches: int = 8
     """fitted_noise: training batches whose final states the statistics are fitted on."""
     fit_stats: str | None = None
