@@ -89,7 +89,7 @@ class DemoConfig:
     quick: bool = False
     """The short demo (make demo QUICK=1): the settings of recurlen.commands.demo.QUICK, in runs/demo-quick."""
     arch: str = registry.DEFAULT
-    """The architecture demonstrated: mamba2, mamba1 or gla (each has its demo-*-pretrain / -posttrain experiments)."""
+    """The architecture demonstrated: mamba2 or any architecture with demo-<arch>-pretrain / -posttrain experiments."""
     run_root: str | None = None
     """Where the stages' run directories, report.md and results.json go; None: runs/demo (Mamba-2) or
     runs/demo-<arch>, with -quick for the quick form (its runs never mix with the full demo's)."""

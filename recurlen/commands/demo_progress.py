@@ -72,10 +72,6 @@ REFERENCE = Reference(
     eval_startup=1.0,
 )
 
-ARCH_SPEED = {"mamba2": 1.0, "mamba1": 4.5, "gla": 2.1}
-"""Other architectures' demos relative to Mamba-2's, in wall time of the whole demo on the same machine (the full
-demos measured at ~5.6, ~25 and ~12 min): their first estimate only, as the speed measured as they run replaces it."""
-
 
 @dataclass
 class _Stage:
@@ -114,6 +110,13 @@ def makespan(loads: list[float], queue: list[float], workers: int) -> float:
     return max(slots, default=0.0)
 
 
+def _demo_cost(arch: str) -> float:
+    """The architecture's demo relative to Mamba-2's (its registry entry's demo_cost; 1 for a name not registered)."""
+    from recurlen.models import registry
+
+    return registry.get(arch).demo_cost if arch in registry.architectures() else 1.0
+
+
 class DemoProgress:
     """The demo's bar: `demo: 23%|██  | [01:20<04:30] pretrain 600/2000` (see the module docstring)."""
 
@@ -122,7 +125,7 @@ class DemoProgress:
                  reference: Reference = REFERENCE, refresh_s: float = 1.0, disable: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """refresh_s: seconds between redraws while no stage reports (0: only on reports); clock: the time source."""
-        scale = ARCH_SPEED.get(arch, 1.0)
+        scale = _demo_cost(arch)
         ref = reference
 
         def scaled(c: StageCost) -> StageCost:
@@ -255,4 +258,4 @@ class DemoProgress:
             self._draw()
 
 
-__all__ = ["ARCH_SPEED", "REFERENCE", "DemoProgress", "Reference", "StageCost", "makespan"]
+__all__ = ["REFERENCE", "DemoProgress", "Reference", "StageCost", "makespan"]

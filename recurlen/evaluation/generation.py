@@ -51,7 +51,7 @@ class GenerateConfig:
     """A model of the model table (recurlen.models.table), by its name or its size, randomly initialised (a smoke
     check); ignored with --checkpoint."""
     architecture: str = registry.DEFAULT
-    """The model's architecture: mamba2, mamba1 or gla."""
+    """The model's architecture: a name of recurlen.models.registry (mamba2, mamba1, ...)."""
     tokenizer: str | None = None
     """Tokenizer spec; None: the checkpoint's, else bytes."""
     prompt: str = "def main("

@@ -65,10 +65,13 @@ class Architecture:
     (recurlen.models.table)."""
 
     name: str
-    """Registry key, used in configs, run metadata, commands and the model table's rows (mamba2, mamba1, gla)."""
+    """Registry key, used in configs, run metadata, commands and the model table's rows (mamba2, mamba1, ...)."""
     title: str
     """Human name for reports (Mamba-2, ...)."""
     model_cls: type[StatefulLM]
+    demo_cost: float = 1.0
+    """Its CPU demo's wall time relative to Mamba-2's on the same machine (`make demo ARCH=name`): the demo bar's
+    first estimate only, replaced by the speed measured as the demo runs."""
 
     @property
     def config_cls(self) -> type:

@@ -1,7 +1,7 @@
 """TensorBoard as a table and charts that compare runs.
 
 - `RunTensorBoardLogger`: Lightning's TensorBoard logger without the `epoch` scalar it adds to every log
-  call (one endless epoch here: a flat line that means nothing).
+  call (one endless epoch here: a flat line that means nothing), writing a step's metrics once.
 - `write_hparams`: the HParams tab's row of a run: its settings (model, intervention, lr, steps, T, ...)
   and the scalar tags shown as metric columns (their latest values), so the tab is the table of runs. The row
   lives in an event file of its own, replaced by each process of the run (`read_hparams` reads it back).
@@ -25,10 +25,25 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 
 class RunTensorBoardLogger(TensorBoardLogger):
-    """TensorBoardLogger that drops Lightning's per-call `epoch` scalar."""
+    """TensorBoardLogger that drops Lightning's per-call `epoch` scalar and writes a step's metrics once.
+
+    A step that writes a checkpoint logs its metrics before the checkpoint (so that a process killed while writing
+    it leaves no checkpoint whose step was never logged); Lightning then hands the same metrics over again after
+    the step: the values that second call repeats (same tag, step and value) are dropped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._last_logged: tuple[int | None, dict[str, float]] | None = None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+        metrics = {k: v for k, v in metrics.items() if k != "epoch"}
+        last_step, written = self._last_logged or (None, {})
+        if step is None or step != last_step:
+            written = {}
+        fresh = {k: v for k, v in metrics.items() if k not in written or written[k] != float(v)}
+        self._last_logged = (step, {**written, **{k: float(v) for k, v in fresh.items()}})
+        if fresh:
+            super().log_metrics(fresh, step)
 
 
 def sortable_bin(name: str, width: int) -> str:

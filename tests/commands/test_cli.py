@@ -29,7 +29,8 @@ def test_experiment_help_lists_groups_choices_and_fields_with_type_value_and_mea
     assert rc == 0
     assert ("model         1.3b | 130m | 2.7b | 370m | 780m | gla-1.3b | gla-340m | gla-nano | gla-tiny | "
             "gla-tiny-slow | mamba1-1.4b | mamba1-130m | mamba1-2.8b | mamba1-370m | mamba1-790m | mamba1-nano | "
-            "mamba1-tiny | mamba1-tiny-slow | nano | small | tiny | tiny-slow   (here: 780m)") in out
+            "mamba1-tiny | mamba1-tiny-slow | nano | rwkv6-1.6b | rwkv6-3b | rwkv6-7b | rwkv6-nano | rwkv6-tiny | "
+            "rwkv6-tiny-slow | small | tiny | tiny-slow   (here: 780m)") in out
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("trainer.max_steps "))
     assert "int = 500" in line and "Optimizer steps" in line
     assert "model.pretrained    str | None = state-spaces/mamba2-780m" in out  # the composed value, not the default

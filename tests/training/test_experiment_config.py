@@ -137,18 +137,20 @@ def test_the_official_rows_are_the_published_checkpoints():
         "2.7b": ("state-spaces/mamba2-2.7b", 2048, 8e-4),
         **{f"mamba1-{size}": (f"state-spaces/mamba-{size}", 2048, None)
            for size in ("130m", "370m", "790m", "1.4b", "2.8b")},
-        "gla-340m": ("fla-hub/gla-340M-15B", 2048, None), "gla-1.3b": ("fla-hub/gla-1.3B-100B", 2048, None)}
+        "gla-340m": ("fla-hub/gla-340M-15B", 2048, None), "gla-1.3b": ("fla-hub/gla-1.3B-100B", 2048, None),
+        **{f"rwkv6-{size}": ("BlinkDL/rwkv-6-world", 4096, None) for size in ("1.6b", "3b", "7b")}}
     assert {row.name for row in table.rows() if not row.hub_id} == {
-        "nano", "tiny", "small", "mamba1-nano", "mamba1-tiny", "gla-nano", "gla-tiny"}
+        "nano", "tiny", "small", "mamba1-nano", "mamba1-tiny", "gla-nano", "gla-tiny", "rwkv6-nano", "rwkv6-tiny"}
     assert all(row.architecture in registry.architectures() for row in table.rows())
-    repos = [row.hub_id.split("/")[1].lower() for row in table.rows() if row.hub_id]
-    assert len(set(repos)) == len(repos)  # a directory's name says which checkpoint it is
+    # A directory's name says which checkpoint it is; a repository of several models' files names each by its file.
+    repos = [(row.hub_id.split("/")[1].lower(), row.hub_file) for row in table.rows() if row.hub_id]
+    assert len(set(repos)) == len(repos)
 
 
 def test_model_files_change_the_row_they_name():
     files = composition.model_files()
     assert {name: path.parent.name for name, path in files.items()} == {
-        "tiny-slow": "mamba2", "mamba1-tiny-slow": "mamba1", "gla-tiny-slow": "gla"}
+        "tiny-slow": "mamba2", "mamba1-tiny-slow": "mamba1", "gla-tiny-slow": "gla", "rwkv6-tiny-slow": "rwkv6"}
     slow, _ = load_experiment(["model=mamba1-tiny-slow"])
     assert slow.model.name == "mamba1-tiny" and slow.model.architecture == "mamba1"
     assert slow.model.config == registry.get("mamba1").preset(

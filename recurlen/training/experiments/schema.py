@@ -23,7 +23,7 @@ class ModelSection:
     name: str = "tiny"
     """A name of the model table, recurlen.models.table (Mamba-2: nano ... 2.7b; mamba1-*; gla-*), or 'custom'."""
     architecture: str = registry.DEFAULT
-    """mamba2, mamba1 or gla (see recurlen.models.interface); decides what `arch` holds."""
+    """An architecture of recurlen.models.registry (mamba2, mamba1, ...); decides what `arch` holds."""
     pretrained: str | None = None
     """Weights to start from: an official directory, a hub id in the local cache, or a recurlen run
     checkpoint / run directory. None trains from the initialisation given by `arch`."""
