@@ -4,6 +4,7 @@
     hidden, state = model.forward_hidden(ids_BL, state);  logits = model.logits_from_hidden(hidden)
     logits_BV, state = model.step(ids_B, state)     # one token, for generation
     model.zero_state(batch)                         # the architecture's LayeredState
+    model.state_decays()                            # per-entry decay rates of the state, where they are parameters
 
 Backend choice, the input and state checks, the block loop (a whole sequence, or one token), the head, and
 official-format loading and saving live here. An architecture's LM subclasses `StatefulLM`, builds its modules
@@ -90,6 +91,12 @@ class StatefulLM(nn.Module):
     def zero_state(self, batch: int, *, device: torch.device | str | None = None) -> LayeredState:
         device = self.embedding.weight.device if device is None else device
         return self.state_cls.zeros_for(self.config, batch, device=device)
+
+    def state_decays(self) -> dict[str, torch.Tensor]:
+        """Per recurrent part whose decays are parameters, each entry's decay rate per token at zero input, as
+        (layers, *the part's dims after the lanes) (an entry keeps exp(-rate) of itself per token; fitted noise's
+        `fit_groups: decay` groups entries by it). Empty where the decays depend on the input (the default)."""
+        return {}
 
     def _check_state(self, state: LayeredState | None, batch: int, device: torch.device) -> LayeredState:
         want = self.zero_state(batch, device=device)

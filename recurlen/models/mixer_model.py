@@ -142,6 +142,12 @@ class MixerModelLM(StatefulLM):
     def finish(self, carry) -> torch.Tensor:
         return self.backbone.norm_f(self.backbone.layers[-1].close(*carry))
 
+    @torch.no_grad()
+    def state_decays(self) -> dict[str, torch.Tensor]:
+        """The mixers' `decay_rates()` (each layer's, shaped as its recurrent state without the lanes), stacked."""
+        rates = [block.mixer.decay_rates() for block in self.backbone.layers]
+        return {self.state_cls.RECURRENT[0]: torch.stack(rates).float().cpu()}
+
 
 # ---------------------------------------------------------------------- config.json
 def mixer_model_json(cfg: Any, ssm_cfg: dict[str, Any], *, hybrid_keys: bool) -> dict[str, Any]:

@@ -289,9 +289,11 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
                 datamodule.setup("fit")
     model = build_model(cfg)
     datamodule.check_model_vocab(model.config.vocab_size)
-    if cfg.intervention.name == "fitted_noise" and cfg.intervention.fit_stats:  # a bad file: say so before writing
-        build_intervention(cfg.intervention, seed=cfg.seed, zero_state=model.zero_state(1, device="cpu")
-                           ).load_stats_file()
+    if cfg.intervention.name == "fitted_noise":  # a grouping the model cannot have or a bad file: say so now
+        noise = build_intervention(cfg.intervention, seed=cfg.seed, zero_state=model.zero_state(1, device="cpu"))
+        noise.groups(model)
+        if cfg.intervention.fit_stats:
+            noise.load_stats_file()
     # Before anything is written: a run that cannot fit says so now, not as exit 137 or a CUDA OOM mid-run.
     est = memory.for_experiment(cfg, model)
     rank_zero_info(f"memory: {est.describe()}")
@@ -379,7 +381,9 @@ def run_fit_noise(cfg: ExperimentConfig, out: str | Path | None = None):
     model = build_model(cfg)
     dm.check_model_vocab(model.config.vocab_size)
     n = cfg.intervention.fit_batches
-    stats = fit_noise_stats(model, (dm.train_batch(s) for s in range(n)), num_batches=n, seq_len=cfg.data.seq_len)
+    groups = FittedNoise(cfg.intervention, seed=cfg.seed, zero_state=model.zero_state(1, device="cpu")).groups(model)
+    stats = fit_noise_stats(model, (dm.train_batch(s) for s in range(n)), num_batches=n, seq_len=cfg.data.seq_len,
+                            groups=groups)
     run = RunDir(cfg.resolved_run_dir)
     with contextlib.nullcontext() if out else run.writer_lock():
         path = Path(out) if out else run.fitted_noise

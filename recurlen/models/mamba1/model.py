@@ -111,6 +111,11 @@ class Mamba1Mixer(nn.Module):
         y_BI = (y_BI + up(x_BI) * up(self.D)) * F.silu(up(z_BI))
         return self.out_proj(y_BI.to(u_BD.dtype)), ssm_state_BIN, up(conv_state_BIW)
 
+    def decay_rates(self) -> torch.Tensor:
+        """(d_inner, N): each state entry's decay rate per token at zero input, softplus(dt bias) x |A| (the
+        entry keeps exp(-rate) of itself per token; the input moves dt, per channel, around this)."""
+        return F.softplus(up(self.dt_proj.bias))[:, None] * torch.exp(up(self.A_log))
+
 
 class Mamba1LM(MixerModelLM):
     """Mamba-1 LM: embedding -> blocks -> norm_f -> (tied) LM head, with state in and out (the shell is

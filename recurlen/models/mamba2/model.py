@@ -119,6 +119,12 @@ class Mamba2Mixer(nn.Module):
             dt = dt.clamp(min=lo, max=hi)
         return dt
 
+    def decay_rates(self) -> torch.Tensor:
+        """(H, P, N): each state entry's decay rate per token at zero input, dt(0) x |A| of its head (every
+        entry of a head decays alike)."""
+        rate_H = self._dt(torch.zeros_like(self.dt_bias)) * torch.exp(up(self.A_log))
+        return rate_H[:, None, None].expand(self.cfg.nheads, self.cfg.headdim, self.cfg.d_state)
+
     def step(self, u_BD: torch.Tensor, ssm_state_BHPN: torch.Tensor, conv_state_BCW: torch.Tensor):
         """One token: the same math as forward with L = 1, without the chunk machinery."""
         cfg = self.cfg

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recurlen.training.interventions.noise_groups import DEFAULT_GROUP_COUNT, FIT_GROUPS
 from recurlen.training.interventions.noise_refresh import REFRESH_MODES
 
 INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
@@ -53,6 +54,17 @@ class InterventionConfig:
     data's steps: micro-batches under gradient accumulation, so every rank refreshes at the same batch)."""
     fit_ema: float = 0.9
     """fitted_noise with fit_refresh=ema: the weight the old moments keep at each refresh, in [0, 1)."""
+    fit_groups: str = "default"
+    """fitted_noise: the groups one mean and std is fitted over, per layer. default: the architecture's own (per
+    (layer, head) for Mamba-2, GLA, RWKV-6; per layer for Mamba-1, whose channels have their own decays). blocks:
+    fit_group_count equal blocks of consecutive entries of a layer's state (Mamba-1: blocks of d_inner channels).
+    decay: a layer's entries sorted by their decay rate at zero input (Mamba-1: softplus(dt bias) x |A| per
+    (channel, state) entry; Mamba-2: per head), cut into fit_group_count equal quantile groups; only where the
+    decays are parameters (Mamba-1, Mamba-2). The grouping is fixed at the first fit and saved with the statistics
+    (recurlen.training.interventions.noise_groups)."""
+    fit_group_count: int | None = None
+    """fitted_noise with fit_groups blocks / decay: groups per layer; it must divide a layer's entries of the state
+    (Mamba-1: d_inner x d_state). None: DEFAULT_GROUP_COUNT (8) for blocks / decay; must stay None for default."""
 
     def __post_init__(self) -> None:
         if self.name not in INTERVENTIONS:
@@ -78,6 +90,18 @@ class InterventionConfig:
             raise ValueError(f"intervention.fit_refresh_every must be >= 1; got {self.fit_refresh_every}")
         if not 0.0 <= self.fit_ema < 1.0:
             raise ValueError(f"intervention.fit_ema must be in [0, 1); got {self.fit_ema}")
+        if self.fit_groups not in FIT_GROUPS:
+            raise ValueError(f"intervention.fit_groups={self.fit_groups!r} is unknown; allowed: {list(FIT_GROUPS)}")
+        if self.fit_groups == "default":
+            if self.fit_group_count is not None:
+                raise ValueError(f"intervention.fit_group_count={self.fit_group_count!r} applies to fit_groups "
+                                 f"{list(FIT_GROUPS[1:])} only; with fit_groups=default leave it null")
+        elif self.fit_group_count is None:
+            self.fit_group_count = DEFAULT_GROUP_COUNT
+        elif (isinstance(self.fit_group_count, bool) or not isinstance(self.fit_group_count, int)
+              or self.fit_group_count < 1):
+            raise ValueError(f"intervention.fit_group_count={self.fit_group_count!r} is not allowed; need an integer "
+                             ">= 1 (groups per layer) or null (8)")
 
     @property
     def layout(self) -> str:

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from recurlen.models.state import LayeredState
 from recurlen.training.interventions.base import Intervention, step_generator
 from recurlen.training.interventions.config import InterventionConfig
+from recurlen.training.interventions.noise_groups import NoiseGroups, build_groups
 from recurlen.training.interventions.noise_refresh import StatsRefresh
 from recurlen.training.interventions.noise_stats import FittedNoiseStats, fit_noise_stats, noise_part
 from recurlen.training.stateful import Ranks
@@ -40,9 +41,10 @@ class RandomNoise(Intervention):
 
 
 class FittedNoise(RandomNoise):
-    """N(mean, std^2) per (layer, group) of the state type (Mamba-2 / GLA: head, Mamba-1: layer), fitted on
-    the final states of training sequences run from zeros; with fit_refresh, updated from the final states
-    seen in training (recurlen.training.interventions.noise_refresh)."""
+    """N(mean, std^2) per (layer, group) of the state type (Mamba-2 / GLA: head, Mamba-1: layer), or of the
+    finer groups fit_groups asks for (recurlen.training.interventions.noise_groups), fitted on the final states
+    of training sequences run from zeros; with fit_refresh, updated from the final states seen in training
+    (recurlen.training.interventions.noise_refresh)."""
 
     def __init__(self, cfg: InterventionConfig, *, seed: int, zero_state: LayeredState,
                  ranks: Ranks | None = None) -> None:
@@ -58,7 +60,18 @@ class FittedNoise(RandomNoise):
 
     def set_stats(self, stats: FittedNoiseStats) -> None:
         stats.check_state(self.zero_state)
+        want, count = self.cfg.fit_groups, self.cfg.fit_group_count
+        if stats.groups.kind != want or (want != "default" and stats.groups.count != count):
+            asked = want if want == "default" else f"{want} ({count} per layer)"
+            raise ValueError(f"the fitted-noise statistics are grouped {stats.groups.describe()}; this run asks for "
+                             f"intervention.fit_groups={asked}")
         self.stats = stats
+
+    def groups(self, model: nn.Module | None = None) -> NoiseGroups:
+        """The grouping intervention.fit_groups asks for on this model (a one-line user error where the model
+        cannot have it; decay reads the model's decay rates)."""
+        return build_groups(self.cfg.fit_groups, self.cfg.fit_group_count, zeros=self.zero_state,
+                            part=noise_part(self.zero_state), model=model)
 
     def load_stats_file(self) -> None:
         """Load intervention.fit_stats and check it fits this model: a damaged file or the statistics of another
@@ -84,20 +97,22 @@ class FittedNoise(RandomNoise):
             return self.stats
         n = self.cfg.fit_batches
         stats = fit_noise_stats(model, (batches(step) for step in range(n)), num_batches=n, seq_len=seq_len,
-                                ranks=self.ranks)
-        log.info("fitted noise on the final states of %d sequences: mean |mu| %.3g, mean sigma %.3g", stats.num_states,
-                 stats.mean_KH.abs().mean().item(), stats.std_KH.mean().item())
+                                ranks=self.ranks, groups=self.groups(model))
+        log.info("fitted noise on the final states of %d sequences (groups: %s): mean |mu| %.3g, mean sigma %.3g",
+                 stats.num_states, stats.groups.describe(), stats.mean_KH.abs().mean().item(),
+                 stats.std_KH.mean().item())
         return stats
 
     def observe(self, final: LayeredState, lanes_B: torch.Tensor, *, step: int) -> None:
         super().observe(final, lanes_B, step=step)
         if self.refresh is None:
             return
-        self.refresh.add(final.group_view(noise_part(final)), lanes=int(lanes_B.shape[0]))
+        assert self.stats is not None
+        self.refresh.add(self.stats.groups.view(final, noise_part(final)), lanes=int(lanes_B.shape[0]))
         if self.refresh.due(step):
             mean, std = self.refresh.refresh()
-            assert self.stats is not None
-            self.stats = FittedNoiseStats(mean, std, num_states=self.refresh.states_seen, seq_len=self.stats.seq_len)
+            self.stats = FittedNoiseStats(mean, std, num_states=self.refresh.states_seen, seq_len=self.stats.seq_len,
+                                          groups=self.stats.groups)
 
     def scalars(self) -> dict[str, float]:
         if self.refresh is None or self.stats is None:
@@ -110,9 +125,8 @@ class FittedNoise(RandomNoise):
             raise ValueError("fitted_noise has no statistics; fit them first (`recurlen fit-noise`) or let "
                              "training fit them at start")
         # (K, G) statistics broadcast over lanes and over the entries inside each group.
-        shape, groups = eps.shape, zeros.GROUP_DIMS.get(part, 0)
-        view = (shape[0], 1, *shape[2:2 + groups], *([1] * (len(shape) - 2 - groups)))
-        return self.stats.mean_KH.to(eps.device).view(view) + self.stats.std_KH.to(eps.device).view(view) * eps
+        groups, dims = self.stats.groups, zeros.GROUP_DIMS.get(part, 0)
+        return groups.per_entry(self.stats.mean_KH, eps, dims) + groups.per_entry(self.stats.std_KH, eps, dims) * eps
 
     def state_dict(self) -> dict:
         """The statistics; with a refresh also its moments and every rank's open window (all ranks call this)."""
@@ -123,7 +137,11 @@ class FittedNoise(RandomNoise):
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("fitted_noise") is not None:
-            self.set_stats(FittedNoiseStats.from_state_dict(state["fitted_noise"]))
+            try:
+                self.set_stats(FittedNoiseStats.from_state_dict(state["fitted_noise"]))
+            except ValueError as err:  # e.g. a checkpoint written before fit_groups, resumed with finer groups
+                raise UserError(f"the checkpoint's fitted noise does not fit this run: {err}; resume it with its own "
+                                "settings, or start a new run (resume=archive)") from err
         # A checkpoint without a refresh (or a run that turned it on later) starts refreshing from the restored
         # statistics in setup(); one with a refresh but a run without keeps the statistics as they were.
         saved = state.get("fitted_noise_refresh")

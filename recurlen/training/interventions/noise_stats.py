@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from recurlen.models.state import LayeredState
+from recurlen.training.interventions.noise_groups import NoiseGroups
 from recurlen.training.stateful import Ranks
 from recurlen.util.atomic_files import save_torch
 from recurlen.util.errors import UserError
@@ -19,13 +20,15 @@ from recurlen.util.errors import UserError
 class FittedNoiseStats:
     """Per (layer, group) mean and std of final recurrent states: the fitted-noise distribution.
 
-    The groups are the state type's (GROUP_DIMS): (layer, head) for Mamba-2 and GLA, layer for Mamba-1.
+    The groups are the state type's (GROUP_DIMS): (layer, head) for Mamba-2 and GLA, layer for Mamba-1; or the
+    finer ones `groups` says (intervention.fit_groups: blocks, decay), which are saved with the statistics.
     """
 
     mean_KH: torch.Tensor
     std_KH: torch.Tensor
     num_states: int = 0
     seq_len: int = 0
+    groups: NoiseGroups = field(default_factory=NoiseGroups)
 
     def check(self, *, n_layer: int, nheads: int) -> None:
         for name, t in (("mean", self.mean_KH), ("std", self.std_KH)):
@@ -35,14 +38,16 @@ class FittedNoiseStats:
 
     def check_state(self, zeros: LayeredState) -> None:
         """Check against a model's state type: (layers, groups) of its recurrent part."""
-        k, g, _ = zeros.group_view(noise_part(zeros)).shape
+        part = noise_part(zeros)
+        self.groups.check(zeros, part)
+        k, g, _ = self.groups.view(zeros, part).shape
         self.check(n_layer=k, nheads=g)
         if not torch.isfinite(self.mean_KH).all() or not (self.std_KH >= 0).all():
             raise ValueError("fitted-noise statistics contain non-finite means or negative stds")
 
     def state_dict(self) -> dict:
         return {"mean_KH": self.mean_KH.cpu(), "std_KH": self.std_KH.cpu(), "num_states": self.num_states,
-                "seq_len": self.seq_len}
+                "seq_len": self.seq_len, **self.groups.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         missing = {"mean_KH", "std_KH"} - set(state)
@@ -50,6 +55,7 @@ class FittedNoiseStats:
             raise ValueError(f"fitted-noise statistics are missing {sorted(missing)}")
         self.mean_KH, self.std_KH = state["mean_KH"].float(), state["std_KH"].float()
         self.num_states, self.seq_len = int(state.get("num_states", 0)), int(state.get("seq_len", 0))
+        self.groups = NoiseGroups.from_state_dict(state)
 
     @classmethod
     def from_state_dict(cls, state: dict) -> FittedNoiseStats:
@@ -89,13 +95,14 @@ def noise_part(state: LayeredState) -> str:
 class Accumulator:
     """Running per (layer, group) sums over final states, for fitting the noise."""
 
-    def __init__(self) -> None:
+    def __init__(self, groups: NoiseGroups | None = None) -> None:
+        self.groups = groups or NoiseGroups()
         self.sum_KH: torch.Tensor | None = None
         self.sumsq_KH: torch.Tensor | None = None
         self.count = 0
 
     def add(self, state: LayeredState) -> None:
-        x_KGM = state.group_view(noise_part(state)).detach().double()
+        x_KGM = self.groups.view(state, noise_part(state)).detach().double()
         s, sq = x_KGM.sum(dim=-1), x_KGM.pow(2).sum(dim=-1)
         self.sum_KH = s if self.sum_KH is None else self.sum_KH + s
         self.sumsq_KH = sq if self.sumsq_KH is None else self.sumsq_KH + sq
@@ -106,18 +113,19 @@ class Accumulator:
             raise ValueError("no final states were collected to fit the noise")
         mean = self.sum_KH / self.count
         var = (self.sumsq_KH / self.count - mean.pow(2)).clamp_min(0.0)
-        return FittedNoiseStats(mean.float().cpu(), var.sqrt().float().cpu(), num_states, seq_len)
+        return FittedNoiseStats(mean.float().cpu(), var.sqrt().float().cpu(), num_states, seq_len, self.groups)
 
 
 @torch.no_grad()
 def fit_noise_stats(model: nn.Module, batches: Iterable[dict], *, num_batches: int, seq_len: int,
-                    ranks: Ranks | None = None) -> FittedNoiseStats:
-    """Per (layer, head) Gaussian of the final states of training sequences run from zeros (all ranks pooled)."""
+                    ranks: Ranks | None = None, groups: NoiseGroups | None = None) -> FittedNoiseStats:
+    """Per (layer, group) Gaussian of the final states of training sequences run from zeros (all ranks pooled);
+    groups: the state type's own (default) or those of intervention.fit_groups (build_groups)."""
     ranks = ranks or Ranks()
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    acc = Accumulator()
+    acc = Accumulator(groups)
     sequences = 0
     try:
         for n, batch in enumerate(batches, start=1):
