@@ -8,14 +8,14 @@ other gate activations) are refused with a clear error instead of being silently
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from recurlen.models.config import ModelConfig
+from recurlen.models.fla_model import FlaConfig
 
 
 @dataclass
-class GLAConfig(ModelConfig):
+class GLAConfig(FlaConfig):
     hidden_size: int = 128
     """Width of the residual stream."""
     num_hidden_layers: int = 2
@@ -59,12 +59,12 @@ class GLAConfig(ModelConfig):
     chunk_size: int = 64
     """Chunk length of the pure-PyTorch scan (any value gives the same result; multiples of 16 are fastest)."""
 
+    MODEL_TYPE = "gla"
+    TITLE = "a GLA"
+    RECURLEN_ONLY = frozenset({"chunk_size", "gate_bias_init_range"})
+
     def __post_init__(self) -> None:
-        if self.gate_bias_init_range is not None:
-            self.gate_bias_init_range = tuple(float(a) for a in self.gate_bias_init_range)  # omegaconf gives lists
-            if len(self.gate_bias_init_range) != 2 or not self.gate_bias_init_range[0] <= self.gate_bias_init_range[1]:
-                raise ValueError("model config: gate_bias_init_range must be null or [low, high] with low <= high; "
-                                 f"got {self.gate_bias_init_range}")
+        self.check_range("gate_bias_init_range")
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
         self.check_positive_ints(("hidden_size", "num_hidden_layers", "num_heads", "num_kv_heads", "hidden_ratio",
@@ -72,10 +72,7 @@ class GLAConfig(ModelConfig):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model config: num_heads={self.num_heads} must be divisible by "
                              f"num_kv_heads={self.num_kv_heads}")
-        for name, dim in (("key_dim", self.key_dim), ("value_dim", self.value_dim)):
-            if dim <= 0 or dim % self.num_heads:
-                raise ValueError(f"model config: {name}={dim} must be a positive multiple of "
-                                 f"num_heads={self.num_heads}")
+        self.check_head_dims()
         if self.hidden_act != "swish":
             raise ValueError(f"model config: hidden_act={self.hidden_act!r} is not supported; allowed: 'swish'")
         if self.use_short_conv and self.conv_size < 2:
@@ -85,24 +82,12 @@ class GLAConfig(ModelConfig):
 
     # ------------------------------------------------------------------ derived sizes
     @property
-    def key_dim(self) -> int:
-        return int(self.hidden_size * self.expand_k)
-
-    @property
-    def value_dim(self) -> int:
-        return int(self.hidden_size * self.expand_v)
-
-    @property
     def kv_groups(self) -> int:
         return self.num_heads // self.num_kv_heads
 
     @property
     def head_k_dim(self) -> int:
         return self.key_dim // self.num_heads
-
-    @property
-    def head_v_dim(self) -> int:
-        return self.value_dim // self.num_heads
 
     @property
     def mlp_size(self) -> int:
@@ -117,47 +102,23 @@ class GLAConfig(ModelConfig):
         g = self.kv_groups
         return self.key_dim + self.key_dim // g + self.value_dim // g if self.use_short_conv else 0
 
-    @property
-    def n_layer(self) -> int:
-        return self.num_hidden_layers
-
     def describe(self) -> str:
         return (f"GLA (hidden {self.hidden_size}, {self.num_hidden_layers} layers, {self.num_heads} heads of "
                 f"{self.head_k_dim} x {self.head_v_dim}{', short convs' if self.use_short_conv else ''})")
 
-    @staticmethod
-    def recognises(raw: dict[str, Any]) -> bool:
-        """True for an fla-hub/gla-* config.json."""
-        return raw.get("model_type") == "gla"
-
     # ------------------------------------------------------------------ official config.json
     def to_official_json(self) -> dict[str, Any]:
         """fla's GLAConfig as written by `save_pretrained` (model_type 'gla')."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RECURLEN_ONLY}
-        d.update(model_type="gla", architectures=["GLAForCausalLM"], attn=None, attn_mode="chunk", feature_map=None,
-                 use_gk=True, use_gv=False)
-        return d
+        return self.official_json(architectures=["GLAForCausalLM"], attn=None, attn_mode="chunk", feature_map=None,
+                                  use_gk=True, use_gv=False)
 
     @classmethod
     def from_official_json(cls, cfg: dict[str, Any], *, source: str = "config.json") -> GLAConfig:
-        if cfg.get("model_type") != "gla":
-            raise ValueError(f"{source}: model_type is {cfg.get('model_type')!r}; a GLA checkpoint has 'gla'")
-        refused = {"attn": None, "feature_map": None, "use_gk": True, "use_gv": False}
-        for key, want in refused.items():
-            if cfg.get(key, want) != want:
-                raise ValueError(f"{source}: {key}={cfg[key]!r} is not supported (need {want!r})")
-        mapped = {f.name for f in fields(cls)} - RECURLEN_ONLY
-        kwargs = {k: v for k, v in cfg.items() if k in mapped}
+        kwargs = cls.official_kwargs(cfg, source=source,
+                                     refused={"attn": None, "feature_map": None, "use_gk": True, "use_gv": False})
         if "norm_eps" not in cfg and "rms_norm_eps" in cfg:  # older fla configs
             kwargs["norm_eps"] = cfg["rms_norm_eps"]
-        for name in ("hidden_size", "num_hidden_layers", "num_heads", "vocab_size"):
-            if name not in cfg:
-                raise ValueError(f"{source}: missing required key {name!r}")
         return cls(**kwargs)
-
-
-RECURLEN_ONLY = {"chunk_size", "gate_bias_init_range"}
-"""Fields that are not fla's: never written to nor read from an official config.json."""
 
 
 __all__ = ["GLAConfig"]

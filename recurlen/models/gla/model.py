@@ -26,13 +26,12 @@ C conv channels, W conv_size - 1.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from recurlen.models.causal_conv import causal_conv
+from recurlen.models.fla_model import FlaLM
 from recurlen.models.gla import kernels
 from recurlen.models.gla.checkpoint import GLA_FORMAT
 from recurlen.models.gla.config import GLAConfig
@@ -40,7 +39,6 @@ from recurlen.models.gla.kernels import KERNELS
 from recurlen.models.gla.scan import gla_chunked, gla_step
 from recurlen.models.gla.state import GLAState
 from recurlen.models.layers import RMSNorm, up
-from recurlen.models.lm import StatefulLM
 
 
 class GatedLinearAttention(nn.Module):
@@ -155,59 +153,31 @@ class GLABlock(nn.Module):
         return self._finish(hidden, mixed), (kv, conv)
 
 
-class GLABackbone(nn.Module):
-    def __init__(self, cfg: GLAConfig) -> None:
-        super().__init__()
-        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([GLABlock(cfg) for _ in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-
-
-class GLALM(StatefulLM):
+class GLALM(FlaLM):
     """GLA LM: embeddings -> (GLA + gated MLP) blocks -> norm -> LM head, with state in and out (the shell is
-    StatefulLM's)."""
+    StatefulLM's, the layout FlaLM's)."""
 
     config_cls = GLAConfig
     state_cls = GLAState
     kernels = KERNELS
     official = GLA_FORMAT
 
-    def __init__(self, config: GLAConfig, *, backend: str = "auto") -> None:
-        super().__init__(config, backend=backend)
-        self.model = GLABackbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._init_weights()
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embeddings.weight
+    @staticmethod
+    def make_blocks(config: GLAConfig) -> list[nn.Module]:
+        return [GLABlock(config) for _ in range(config.num_hidden_layers)]
 
-    @torch.no_grad()
-    def _init_weights(self) -> None:
-        """fla's from-scratch init: N(0, initializer_range) linears and embedding, zero biases, the two residual
-        outputs per block (o_proj, down_proj) rescaled by 1/sqrt(2 K); the forget gates' bias from
-        gate_bias_init_range when set."""
-        cfg = self.config
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Conv1d, nn.Embedding)):
-                nn.init.normal_(module.weight, std=cfg.initializer_range)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-        for block in self.model.layers:
-            for lin in (block.attn.o_proj, block.mlp.down_proj):
-                nn.init.kaiming_uniform_(lin.weight, a=math.sqrt(5))
-                lin.weight /= math.sqrt(2 * cfg.num_hidden_layers)
-            if cfg.gate_bias_init_range is not None:
-                block.attn.gk_proj[1].bias.uniform_(*cfg.gate_bias_init_range)
+    @staticmethod
+    def make_norm(config: GLAConfig) -> nn.Module:
+        return RMSNorm(config.hidden_size, eps=config.norm_eps)
 
-    @property
-    def embedding(self) -> nn.Embedding:
-        return self.model.embeddings
+    @staticmethod
+    def residual_outputs(block: GLABlock) -> tuple[nn.Linear, ...]:
+        return block.attn.o_proj, block.mlp.down_proj
 
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def finish(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.norm(hidden)
+    def init_block(self, block: GLABlock) -> None:
+        """The forget gates' bias from gate_bias_init_range when set."""
+        if self.config.gate_bias_init_range is not None:
+            block.attn.gk_proj[1].bias.uniform_(*self.config.gate_bias_init_range)
 
 
 __all__ = ["GLALM", "GatedLinearAttention"]

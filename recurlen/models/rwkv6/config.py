@@ -8,14 +8,14 @@ shape is read off the weights (recurlen.models.rwkv6.checkpoint) into the same f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from recurlen.models.config import ModelConfig
+from recurlen.models.fla_model import FlaConfig
 
 
 @dataclass
-class RWKV6Config(ModelConfig):
+class RWKV6Config(FlaConfig):
     hidden_size: int = 128
     """Width of the residual stream (BlinkDL: n_embd)."""
     num_hidden_layers: int = 2
@@ -54,18 +54,15 @@ class RWKV6Config(ModelConfig):
     chunk_size: int = 64
     """Chunk length of the pure-PyTorch scan (any value gives the same result; multiples of 16 are fastest)."""
 
+    MODEL_TYPE = "rwkv6"
+    TITLE = "an RWKV-6"
+    RECURLEN_ONLY = frozenset({"chunk_size", "decay_init_range", "head_norm_eps"})
+
     def __post_init__(self) -> None:
-        if self.decay_init_range is not None:
-            self.decay_init_range = tuple(float(a) for a in self.decay_init_range)  # omegaconf gives lists
-            if len(self.decay_init_range) != 2 or not self.decay_init_range[0] <= self.decay_init_range[1]:
-                raise ValueError("model config: decay_init_range must be null or [low, high] with low <= high; "
-                                 f"got {self.decay_init_range}")
+        self.check_range("decay_init_range")
         self.check_positive_ints(("hidden_size", "num_hidden_layers", "num_heads", "proj_low_rank_dim",
                                   "gate_low_rank_dim", "vocab_size", "chunk_size"))
-        for name, dim in (("key_dim", self.key_dim), ("value_dim", self.value_dim)):
-            if dim <= 0 or dim % self.num_heads:
-                raise ValueError(f"model config: {name}={dim} must be a positive multiple of "
-                                 f"num_heads={self.num_heads}")
+        self.check_head_dims()
         if self.intermediate_size is None and (self.hidden_ratio is None or self.hidden_ratio <= 0):
             raise ValueError("model config: give intermediate_size or a positive hidden_ratio")
         if self.intermediate_size is not None:
@@ -84,21 +81,9 @@ class RWKV6Config(ModelConfig):
 
     # ------------------------------------------------------------------ derived sizes
     @property
-    def key_dim(self) -> int:
-        return int(self.hidden_size * self.expand_k)
-
-    @property
-    def value_dim(self) -> int:
-        return int(self.hidden_size * self.expand_v)
-
-    @property
     def head_dim(self) -> int:
         """Key channels per head (BlinkDL: head_size_a, 64 in the world models)."""
         return self.key_dim // self.num_heads
-
-    @property
-    def head_v_dim(self) -> int:
-        return self.value_dim // self.num_heads
 
     @property
     def ffn_size(self) -> int:
@@ -111,45 +96,20 @@ class RWKV6Config(ModelConfig):
     def group_norm_eps(self) -> float:
         return self.norm_eps if self.head_norm_eps is None else self.head_norm_eps
 
-    @property
-    def n_layer(self) -> int:
-        return self.num_hidden_layers
-
     def describe(self) -> str:
         return (f"RWKV-6 (hidden {self.hidden_size}, {self.num_hidden_layers} layers, {self.num_heads} heads of "
                 f"{self.head_dim} x {self.head_v_dim})")
 
-    @staticmethod
-    def recognises(raw: dict[str, Any]) -> bool:
-        """True for an fla-hub/rwkv6-* config.json."""
-        return raw.get("model_type") == "rwkv6"
-
     # ------------------------------------------------------------------ official config.json
     def to_official_json(self) -> dict[str, Any]:
         """fla's RWKV6Config as written by `save_pretrained` (model_type 'rwkv6')."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RECURLEN_ONLY}
-        d.update(model_type="rwkv6", architectures=["RWKV6ForCausalLM"], attn=None, fuse_norm=True)
-        return d
+        return self.official_json(architectures=["RWKV6ForCausalLM"], attn=None, fuse_norm=True)
 
     @classmethod
     def from_official_json(cls, cfg: dict[str, Any], *, source: str = "config.json") -> RWKV6Config:
-        if cfg.get("model_type") != "rwkv6":
-            raise ValueError(f"{source}: model_type is {cfg.get('model_type')!r}; an RWKV-6 checkpoint has 'rwkv6'")
-        if cfg.get("attn") is not None:
-            raise ValueError(f"{source}: attn={cfg['attn']!r} (hybrid attention layers) is not supported (need null)")
-        for key in ("use_short_conv", "use_glu"):  # options of older fla releases that no RWKV-6 checkpoint uses
-            if cfg.get(key):
-                raise ValueError(f"{source}: {key}={cfg[key]!r} is not supported (need false)")
-        for name in ("hidden_size", "num_hidden_layers", "num_heads", "vocab_size"):
-            if name not in cfg:
-                raise ValueError(f"{source}: missing required key {name!r}")
-        mapped = {f.name for f in fields(cls)} - RECURLEN_ONLY
-        return cls(**{k: v for k, v in cfg.items() if k in mapped})
-
-
-RECURLEN_ONLY = {"chunk_size", "decay_init_range", "head_norm_eps"}
-"""Fields that are not fla's: never written to nor read from an official config.json (recurlen_config.json keeps
-them)."""
+        # use_short_conv, use_glu: options of older fla releases that no RWKV-6 checkpoint uses
+        return cls(**cls.official_kwargs(cfg, source=source,
+                                         refused={"attn": None, "use_short_conv": False, "use_glu": False}))
 
 
 __all__ = ["RWKV6Config"]

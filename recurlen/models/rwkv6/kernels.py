@@ -3,7 +3,8 @@
 `fla.ops.rwkv6.chunk_rwkv6(r, k, v, w, u, scale, initial_state, output_final_state)` takes log decays w (B, T, H, K),
 the bonus u (H, K) and an initial state (N, H, K, V), and returns the final one: the same recurrence as
 recurlen.models.rwkv6.scan with scale 1. Nothing from fla is imported at module load time; a `head_first` keyword
-(older releases' default layout) is pinned to the time-major layout only where the installed version has it.
+(older releases' default layout) is pinned to the time-major layout only where the installed version has it
+(recurlen.models.fla_model's glue, shared with GLA).
 
 On CPU tensors the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported, with
 recurlen[kernels-cpu] and fla-core): the kernel tests use it to execute this glue without a GPU (make test-kernels).
@@ -11,31 +12,15 @@ recurlen[kernels-cpu] and fla-core): the kernel tests use it to execute this glu
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import torch
 
 from recurlen.models.backends import KernelPath
+from recurlen.models.fla_model import FLA_INSTALL_CPU, FLA_INSTALL_CUDA, cached_loader, layout_kwargs, run_chunked
 
-
-@functools.lru_cache(maxsize=1)
-def _chunk_rwkv6():
-    try:
-        from fla.ops.rwkv6 import chunk_rwkv6
-    except Exception as err:  # ImportError, or Triton failing to initialise
-        return None, f"{type(err).__name__}: {err}"
-    return chunk_rwkv6, None
-
+_chunk_rwkv6 = cached_loader("fla.ops.rwkv6", "chunk_rwkv6")
 
 KERNELS = KernelPath(what="flash-linear-attention's chunk_rwkv6 (Triton)", load=lambda: _chunk_rwkv6(),
-                     install_cuda="pip install 'recurlen[gla]' (flash-linear-attention)",
-                     install_cpu="make test-kernels installs fla-core")
-
-
-def layout_kwargs(fn) -> dict:
-    """Keyword arguments that pin fla's layout: (B, T, H, K) inputs."""
-    return {"head_first": False} if "head_first" in inspect.signature(fn).parameters else {}
+                     install_cuda=FLA_INSTALL_CUDA, install_cpu=FLA_INSTALL_CPU)
 
 
 def chunk_rwkv6(r_BLHK: torch.Tensor, k_BLHK: torch.Tensor, v_BLHV: torch.Tensor, logw_BLHK: torch.Tensor,
@@ -44,11 +29,8 @@ def chunk_rwkv6(r_BLHK: torch.Tensor, k_BLHK: torch.Tensor, v_BLHV: torch.Tensor
 
     `fn` replaces fla's kernel (the interpreter tests pass the same function imported under Triton's CPU
     interpreter)."""
-    fn = fn or _chunk_rwkv6()[0]
-    o, final = fn(r_BLHK, k_BLHK, v_BLHV, logw_BLHK.float(), u_HK.to(r_BLHK.dtype), scale=1.0,
-                  initial_state=initial_state_BHKV.float().contiguous(), output_final_state=True,
-                  **layout_kwargs(fn))
-    return o, final.float()
+    return run_chunked(fn or _chunk_rwkv6()[0], r_BLHK, k_BLHK, v_BLHV, logw_BLHK.float(), u_HK.to(r_BLHK.dtype),
+                       scale=1.0, initial_state_BHKV=initial_state_BHKV)
 
 
 __all__ = ["KERNELS", "chunk_rwkv6", "layout_kwargs"]

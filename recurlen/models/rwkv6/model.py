@@ -37,8 +37,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from recurlen.models.fla_model import FlaLM
 from recurlen.models.layers import up
-from recurlen.models.lm import StatefulLM
 from recurlen.models.rwkv6 import kernels
 from recurlen.models.rwkv6.checkpoint import BLINKDL_FILE, RWKV6_FORMAT
 from recurlen.models.rwkv6.config import RWKV6Config
@@ -201,17 +201,9 @@ class RWKV6Block(nn.Module):
         return self._run(hidden, parts, self.attn.step)
 
 
-class RWKV6Backbone(nn.Module):
-    def __init__(self, cfg: RWKV6Config) -> None:
-        super().__init__()
-        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([RWKV6Block(cfg, i) for i in range(cfg.num_hidden_layers)])
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
-
-
-class RWKV6LM(StatefulLM):
+class RWKV6LM(FlaLM):
     """RWKV-6 LM: embeddings -> (time mix + channel mix) blocks -> norm -> LM head, with state in and out (the shell
-    is StatefulLM's)."""
+    is StatefulLM's, the layout FlaLM's)."""
 
     config_cls = RWKV6Config
     state_cls = RWKV6State
@@ -219,52 +211,32 @@ class RWKV6LM(StatefulLM):
     official = RWKV6_FORMAT
     weights_file = BLINKDL_FILE
 
-    def __init__(self, config: RWKV6Config, *, backend: str = "auto") -> None:
-        super().__init__(config, backend=backend)
-        self.model = RWKV6Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._init_weights()
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embeddings.weight
+    @staticmethod
+    def make_blocks(config: RWKV6Config) -> list[nn.Module]:
+        return [RWKV6Block(config, i) for i in range(config.num_hidden_layers)]
 
-    @torch.no_grad()
-    def _init_weights(self) -> None:
-        """From-scratch init: N(0, initializer_range) linears and embedding, zero biases, the two residual outputs
-        per block rescaled by 1/sqrt(2 K) as fla does; the time mix's r, k, v and gate projections orthogonal, and
-        the channel mix's key orthogonal with gain sqrt(I / D), as BlinkDL's are (with N(0, 0.02) the output gate and
-        the squared ReLU start near zero: an untrained block would barely read its input's past);
-        token-shift mixes at 0.5 (half the previous token); the decay bias from decay_init_range when set (spread
-        over each head's key channels)."""
-        cfg = self.config
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=cfg.initializer_range)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-        for block in self.model.layers:
-            attn, ffn = block.attn, block.ffn
-            for lin in (attn.o_proj, ffn.value):
-                nn.init.kaiming_uniform_(lin.weight, a=math.sqrt(5))
-                lin.weight /= math.sqrt(2 * cfg.num_hidden_layers)
-            nn.init.orthogonal_(ffn.key.linear.weight, gain=math.sqrt(cfg.ffn_size / cfg.hidden_size))
-            for proj in (attn.r_proj, attn.k_proj, attn.v_proj, attn.g_proj):
-                nn.init.orthogonal_(proj.linear.weight)
-            for mu in (attn.x_proj[0].mu, attn.x_bias, ffn.key.mu, ffn.receptance.mu):
-                mu.fill_(0.5)
-            if cfg.decay_init_range is not None:
-                ramp = torch.linspace(*cfg.decay_init_range, cfg.head_dim).repeat(cfg.num_heads)
-                attn.w_proj.linear.lora[2].bias.copy_(ramp)
+    @staticmethod
+    def make_norm(config: RWKV6Config) -> nn.Module:
+        return nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
 
-    @property
-    def embedding(self) -> nn.Embedding:
-        return self.model.embeddings
+    @staticmethod
+    def residual_outputs(block: RWKV6Block) -> tuple[nn.Linear, ...]:
+        return block.attn.o_proj, block.ffn.value
 
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def finish(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.norm(hidden)
+    def init_block(self, block: RWKV6Block) -> None:
+        """The time mix's r, k, v and gate projections orthogonal, and the channel mix's key orthogonal with gain
+        sqrt(I / D), as BlinkDL's are (with N(0, 0.02) the output gate and the squared ReLU start near zero: an
+        untrained block would barely read its input's past); token-shift mixes at 0.5 (half the previous token);
+        the decay bias from decay_init_range when set (spread over each head's key channels)."""
+        cfg, attn, ffn = self.config, block.attn, block.ffn
+        nn.init.orthogonal_(ffn.key.linear.weight, gain=math.sqrt(cfg.ffn_size / cfg.hidden_size))
+        for proj in (attn.r_proj, attn.k_proj, attn.v_proj, attn.g_proj):
+            nn.init.orthogonal_(proj.linear.weight)
+        for mu in (attn.x_proj[0].mu, attn.x_bias, ffn.key.mu, ffn.receptance.mu):
+            mu.fill_(0.5)
+        if cfg.decay_init_range is not None:
+            ramp = torch.linspace(*cfg.decay_init_range, cfg.head_dim).repeat(cfg.num_heads)
+            attn.w_proj.linear.lora[2].bias.copy_(ramp)
 
 
 __all__ = ["RWKV6Attention", "RWKV6LM"]

@@ -220,7 +220,7 @@ def test_older_embedding_name_and_short_conv_checkpoint_load(tmp_path):
 def test_unsupported_configs_are_refused_clearly():
     with pytest.raises(ValueError, match="model_type is 'mamba'"):
         GLAConfig.from_official_json({**OFFICIAL_CONFIG, "model_type": "mamba"})
-    with pytest.raises(ValueError, match=r"attn=\{'layers': \[1\]\} is not supported"):
+    with pytest.raises(ValueError, match=r"attn=\{'layers': \[1\]\} \(hybrid attention layers\) is not supported"):
         GLAConfig.from_official_json({**OFFICIAL_CONFIG, "attn": {"layers": [1]}})
     with pytest.raises(ValueError, match="feature_map='relu' is not supported"):
         GLAConfig.from_official_json({**OFFICIAL_CONFIG, "feature_map": "relu"})
