@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts: the environment header, thread setup and timing statistics."""
+"""Helpers shared by the benchmark scripts: the environment header, thread setup, timing statistics, the float32
+matmul peak, a training step timed in interleaved rounds, and one LM's training step against the peak."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 
 def set_threads(threads: int | None) -> int:
@@ -150,3 +154,113 @@ def fmt_si(x: float, unit: str = "") -> str:
         if abs(x) >= factor:
             return f"{x / factor:.2f} {prefix}{unit}"
     return f"{x:.2f} {unit}"
+
+
+# ---------------------------------------------------------------------------------- a training step
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    logits = logits[..., :vocab]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+
+
+ADAMW_IMPLS = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def make_train_step(logits_fn, params, ids: torch.Tensor, vocab: int, *, adamw: str):
+    """A closure running one step; it returns wall seconds of forward + backward and of the optimizer
+    step, and the process CPU seconds of the whole step."""
+    opt = torch.optim.AdamW(params, lr=1e-4, **ADAMW_IMPLS[adamw])
+
+    def step() -> tuple[float, float, float]:
+        cpu_start, start = time.process_time(), time.perf_counter()
+        loss = next_token_loss(logits_fn(ids), ids, vocab)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        mid = time.perf_counter()
+        opt.step()
+        return mid - start, time.perf_counter() - mid, time.process_time() - cpu_start
+
+    return step
+
+
+@dataclass
+class Timing:
+    fwd_bwd: list[float] = field(default_factory=list)
+    opt: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[float]:
+        return [a + b for a, b in zip(self.fwd_bwd, self.opt)]
+
+
+def run_interleaved(impls: dict, *, warmup: int, repeats: int, peak: MatmulPeak | None) -> dict[str, Timing]:
+    """Time every implementation's step in rounds, one step each per round and the order rotated every round
+    (A B C, B C A, ...), so that drift in machine load hits them alike; the matmul peak is measured again
+    after every round (between the repeats)."""
+    order = list(impls)
+    for _ in range(warmup):
+        for impl in order:
+            impls[impl]()
+    times = {impl: Timing() for impl in impls}
+    for r in range(repeats):
+        k = r % len(order)
+        for impl in order[k:] + order[:k]:
+            fwd_bwd, opt, cpu = impls[impl]()
+            times[impl].fwd_bwd.append(fwd_bwd)
+            times[impl].opt.append(opt)
+            times[impl].cpu.append(cpu)
+        if peak is not None:
+            peak.between()
+    return times
+
+
+# ---------------------------------------------------------------------------------- one LM against the peak
+def lm_peak_parser(doc: str, shapes: dict, *, default: str, quick: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark that times one LM's training step against the matmul peak (bench_gla,
+    bench_rwkv6); `quick` says which shapes --quick runs."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"{quick}, 1 warm-up + 2 timed steps (make bench)")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(shapes), help=f"shapes to run (default: {default})")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=None, help="timed steps (default 3, quick 2)")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--length", type=int, default=None)
+    parser.add_argument("--peak-size", type=int, default=2048, help="matmul size for the float32 peak")
+    parser.add_argument("--seed", type=int, default=0)
+    add_results_option(parser)
+    return parser
+
+
+def time_lm_step(model: torch.nn.Module, *, vocab: int, batch: int, length: int, flops_per_token: float,
+                 args: argparse.Namespace, peak: MatmulPeak) -> dict:
+    """One LM's training step (forward + next-token cross-entropy + backward + fused AdamW, float32) on a random
+    batch, `args.warmup` untimed and `args.repeats` timed with the peak measured between them; prints the step
+    line and returns tokens/s and model FLOP/s."""
+    ids = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(args.seed + 1))
+    step = make_train_step(lambda x: model(x)[0], model.parameters(), ids, vocab, adamw="fused")
+    t = run_interleaved({"recurlen": step}, warmup=args.warmup, repeats=args.repeats, peak=peak)["recurlen"]
+    seconds = statistics.median(t.steps)
+    flops = flops_per_token * batch * length / seconds
+    print(f"step {seconds * 1e3:.0f} ms [{min(t.steps) * 1e3:.0f} - {max(t.steps) * 1e3:.0f}], fwd+bwd "
+          f"{statistics.median(t.fwd_bwd) * 1e3:.0f} ms, AdamW {statistics.median(t.opt) * 1e3:.0f} ms; "
+          f"{batch * length / seconds:.1f} tokens/s; {flops / 1e9:.1f} GFLOP/s")
+    return {"tok_s": batch * length / seconds, "flops": flops}
+
+
+def report_lm_shapes(results: dict[str, dict], peak: MatmulPeak, *, benchmark: str, path: str | None) -> None:
+    """The peak's report and one summary line per shape (its fraction of the largest peak and of the one before the
+    model, against its target if it has one); each shape's row goes to the make bench table."""
+    print("\n" + peak.report())
+    for name, r in results.items():
+        fraction = r["flops"] / peak.denominator
+        first = r["flops"] / peak.of("before")[0]
+        target = r.get("target")
+        verdict = "" if target is None else (f" (target >= {target:.0%}: "
+                                             f"{'met' if fraction >= target else 'MISSED'})")
+        print(f"summary {name}: {r['flops'] / 1e9:.1f} GFLOP/s = {fraction:.1%} of the largest peak{verdict}; "
+              f"{first:.1%} of the peak measured before the model alone")
+        record(path, benchmark=benchmark, shape=r["shape"], unit="tokens/s", recurlen=r["tok_s"], peers={},
+               ratios={}, higher_is_better=True, pct_of_peak=fraction,
+               target="" if target is None else f">= {target:.0%} of peak", peak=peak.summary())

@@ -19,11 +19,9 @@ Model FLOPs per token (training = 3 x forward):
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import _common
 import torch
-from bench_train_step import make_train_step, run_interleaved
 
 from recurlen.models.gla import GLALM, preset
 from recurlen.models.gla.scan import SUB
@@ -57,30 +55,13 @@ def bench_shape(name: str, args: argparse.Namespace, peak: _common.MatmulPeak) -
           f"(Dk {cfg.head_k_dim}, Dv {cfg.head_v_dim}), MLP {cfg.mlp_size}, vocab {cfg.vocab_size}, chunk "
           f"{cfg.chunk_size}; {model.num_parameters() / 1e6:.1f} M params; batch {batch} x length {length}")
     print(f"model FLOPs/token: {_common.fmt_si(dense)} dense + {_common.fmt_si(gla)} GLA")
-    ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(args.seed + 1))
-    step = make_train_step(lambda x: model(x)[0], model.parameters(), ids, cfg.vocab_size, adamw="fused")
-    t = run_interleaved({"recurlen": step}, warmup=args.warmup, repeats=args.repeats, peak=peak)["recurlen"]
-    seconds = statistics.median(t.steps)
-    flops = (dense + gla) * batch * length / seconds
-    print(f"step {seconds * 1e3:.0f} ms [{min(t.steps) * 1e3:.0f} - {max(t.steps) * 1e3:.0f}], fwd+bwd "
-          f"{statistics.median(t.fwd_bwd) * 1e3:.0f} ms, AdamW {statistics.median(t.opt) * 1e3:.0f} ms; "
-          f"{batch * length / seconds:.1f} tokens/s; {flops / 1e9:.1f} GFLOP/s")
-    return {"shape": f"{name} {batch}x{length}", "tok_s": batch * length / seconds, "flops": flops, "target": target}
+    r = _common.time_lm_step(model, vocab=cfg.vocab_size, batch=batch, length=length, flops_per_token=dense + gla,
+                             args=args, peak=peak)
+    return {"shape": f"{name} {batch}x{length}", **r, "target": target}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="both shapes, 1 warm-up + 2 timed steps (make bench)")
-    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="shapes to run (default: 340m)")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None, help="timed steps (default 3, quick 2)")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--length", type=int, default=None)
-    parser.add_argument("--peak-size", type=int, default=2048, help="matmul size for the float32 peak")
-    parser.add_argument("--seed", type=int, default=0)
-    _common.add_results_option(parser)
+    parser = _common.lm_peak_parser(__doc__, SHAPES, default="340m", quick="both shapes")
     args = parser.parse_args()
     args.shapes = args.shapes or (list(SHAPES) if args.quick else ["340m"])
     args.repeats = args.repeats or (2 if args.quick else 3)
@@ -90,17 +71,7 @@ def main() -> None:
     peak.measure("before")
     results = {name: bench_shape(name, args, peak) for name in args.shapes}
     peak.measure("after")
-    print("\n" + peak.report())
-    for name, r in results.items():
-        fraction = r["flops"] / peak.denominator
-        first = r["flops"] / (peak.of("before")[0])
-        verdict = "" if r["target"] is None else (f" (target >= {r['target']:.0%}: "
-                                                   f"{'met' if fraction >= r['target'] else 'MISSED'})")
-        print(f"summary {name}: {r['flops'] / 1e9:.1f} GFLOP/s = {fraction:.1%} of the largest peak{verdict}; "
-              f"{first:.1%} of the peak measured before the model alone")
-        _common.record(args.results, benchmark="GLA train step", shape=r["shape"], unit="tokens/s",
-                       recurlen=r["tok_s"], peers={}, ratios={}, higher_is_better=True, pct_of_peak=fraction,
-                       target="" if r["target"] is None else f">= {r['target']:.0%} of peak", peak=peak.summary())
+    _common.report_lm_shapes(results, peak, benchmark="GLA train step", path=args.results)
     print(f"# load average at end: {_common.load_average()}")
 
 

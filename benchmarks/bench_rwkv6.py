@@ -7,7 +7,7 @@ WKV scan against fla's pure-PyTorch chunked reference (the one CPU peer there is
 
 One step = forward + next-token cross-entropy + backward + AdamW (fused) step, float32, backend='torch'.
 The peak is the fastest float32 (size x size) matmul, measured before the model, between every timed step and
-after it; "% of peak" divides by the largest of them (a cold or loaded measurement only comes out lower).
+after it; "% of peak" divides by the largest of them (_common.MatmulPeak says why).
 fla's whole RWKV-6 layer needs Triton; its `naive_chunk_rwkv6` (fla-core; no state in or out, and its in-place
 updates leave no backward) is a pure-PyTorch WKV peer: both scans are timed forward only on the same inputs,
 interleaved.
@@ -26,7 +26,6 @@ import statistics
 
 import _common
 import torch
-from bench_train_step import Timing, make_train_step
 
 from recurlen.models.rwkv6 import RWKV6LM, preset
 from recurlen.models.rwkv6.scan import SUB, wkv6_chunked
@@ -39,24 +38,6 @@ SHAPES = {
 }
 
 
-class Peak:
-    """The float32 matmul peak, measured whenever asked (before, between steps, after); the largest is the
-    denominator."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.samples = size, []
-        self.a, self.b, self.out = torch.randn(size, size), torch.randn(size, size), torch.empty(size, size)
-
-    def measure(self, repeats: int = 2) -> None:
-        torch.matmul(self.a, self.b, out=self.out)
-        best = min(_common.timed(lambda: torch.matmul(self.a, self.b, out=self.out)) for _ in range(repeats))
-        self.samples.append(2.0 * self.size**3 / best)
-
-    @property
-    def max(self) -> float:
-        return max(self.samples)
-
-
 def train_flops_per_token(model: RWKV6LM) -> tuple[float, float]:
     cfg = model.config
     dense = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in n
@@ -66,7 +47,7 @@ def train_flops_per_token(model: RWKV6LM) -> tuple[float, float]:
     return 6.0 * dense, wkv
 
 
-def bench_shape(name: str, args: argparse.Namespace, peak: Peak) -> float:
+def bench_shape(name: str, args: argparse.Namespace, peak: _common.MatmulPeak) -> dict:
     make_cfg, batch, length = SHAPES[name]
     cfg = make_cfg()
     batch, length = args.batch or batch, args.length or length
@@ -77,27 +58,12 @@ def bench_shape(name: str, args: argparse.Namespace, peak: Peak) -> float:
           f"{cfg.head_dim} x {cfg.head_v_dim}, channel mix {cfg.ffn_size}, vocab {cfg.vocab_size}, chunk "
           f"{cfg.chunk_size}; {model.num_parameters() / 1e6:.1f} M params; batch {batch} x length {length}")
     print(f"model FLOPs/token: {_common.fmt_si(dense)} dense + {_common.fmt_si(wkv)} WKV")
-    ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(args.seed + 1))
-    step = make_train_step(lambda x: model(x)[0], model.parameters(), ids, cfg.vocab_size, adamw="fused")
-    for _ in range(args.warmup):
-        step()
-    t = Timing()
-    for _ in range(args.repeats):
-        fwd_bwd, opt, cpu = step()
-        t.fwd_bwd.append(fwd_bwd)
-        t.opt.append(opt)
-        t.cpu.append(cpu)
-        peak.measure()
-    seconds = statistics.median(t.steps)
-    flops = (dense + wkv) * batch * length / seconds
-    fraction = flops / peak.max
-    print(f"step {seconds * 1e3:.0f} ms [{min(t.steps) * 1e3:.0f} - {max(t.steps) * 1e3:.0f}], fwd+bwd "
-          f"{statistics.median(t.fwd_bwd) * 1e3:.0f} ms, AdamW {statistics.median(t.opt) * 1e3:.0f} ms; "
-          f"{batch * length / seconds:.1f} tokens/s; {flops / 1e9:.1f} GFLOP/s = {fraction:.1%} of peak")
-    return fraction
+    r = _common.time_lm_step(model, vocab=cfg.vocab_size, batch=batch, length=length, flops_per_token=dense + wkv,
+                             args=args, peak=peak)
+    return {"shape": f"{name} {batch}x{length}", **r}
 
 
-def bench_scan_peer(args: argparse.Namespace, peak: Peak) -> float | None:
+def bench_scan_peer(args: argparse.Namespace, peak: _common.MatmulPeak) -> dict | None:
     """recurlen's WKV scan vs fla's naive_chunk_rwkv6, forward only, interleaved; None without fla-core."""
     try:
         from fla.ops.rwkv6.chunk_naive import naive_chunk_rwkv6
@@ -127,41 +93,33 @@ def bench_scan_peer(args: argparse.Namespace, peak: Peak) -> float | None:
     for _ in range(args.repeats):
         for label, fn in (("recurlen", ours), ("fla naive", theirs)):
             times[label].append(_common.timed(fn))
-        peak.measure()
+        peak.between()
     ratio = statistics.median(times["fla naive"]) / statistics.median(times["recurlen"])
     print(f"\n== WKV scan, forward, batch {batch} x {length}, {heads} heads of {dk}: recurlen "
           f"{statistics.median(times['recurlen']) * 1e3:.0f} ms, fla's naive_chunk_rwkv6 "
           f"{statistics.median(times['fla naive']) * 1e3:.0f} ms: {ratio:.2f}x (outputs agree to {err:.1e})")
-    return ratio
+    return {"shape": f"{batch}x{length}, {heads} heads of {dk}", "ratio": ratio,
+            "ms": {label: statistics.median(t) * 1e3 for label, t in times.items()}}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny shape, 1 warm-up + 2 timed steps")
-    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="shapes to run (default: small)")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None, help="timed steps (default 3, quick 2)")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--length", type=int, default=None)
-    parser.add_argument("--peak-size", type=int, default=2048, help="matmul size for the float32 peak")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = _common.lm_peak_parser(__doc__, SHAPES, default="small", quick="the tiny shape")
     args = parser.parse_args()
     args.shapes = args.shapes or (["tiny"] if args.quick else ["small"])
     args.repeats = args.repeats or (2 if args.quick else 3)
     threads = _common.set_threads(args.threads)
     _common.print_environment("RWKV-6 training step (backend='torch'): fraction of the float32 matmul peak", threads)
-    peak = Peak(args.peak_size)
-    peak.measure(5)
+    peak = _common.MatmulPeak(size=args.peak_size)
+    peak.measure("before")
     results = {name: bench_shape(name, args, peak) for name in args.shapes}
-    ratio = bench_scan_peer(args, peak)
-    peak.measure(5)
-    samples = ", ".join(f"{s / 1e9:.1f}" for s in peak.samples)
-    print(f"\nfloat32 matmul peak ({args.peak_size}^3) before / between / after, GFLOP/s: {samples}; "
-          f"fractions use the largest, {peak.max / 1e9:.1f}")
-    print("summary: " + ", ".join(f"{n} {f:.1%} of peak" for n, f in results.items())
-          + ("" if ratio is None else f"; WKV scan {ratio:.2f}x fla's naive chunked reference"))
+    scan = bench_scan_peer(args, peak)
+    peak.measure("after")
+    _common.report_lm_shapes(results, peak, benchmark="RWKV-6 train step", path=args.results)
+    if scan is not None:
+        print(f"summary WKV scan: {scan['ratio']:.2f}x fla's naive chunked reference (forward)")
+        _common.record(args.results, benchmark="RWKV-6 WKV scan, forward", shape=scan["shape"], unit="ms",
+                       recurlen=scan["ms"]["recurlen"], peers={"fla naive_chunk_rwkv6": scan["ms"]["fla naive"]},
+                       ratios={"fla naive_chunk_rwkv6": scan["ratio"]}, higher_is_better=False)
     print(f"# load average at end: {_common.load_average()}")
 
 

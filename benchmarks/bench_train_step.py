@@ -43,12 +43,10 @@ import argparse
 import os
 import statistics
 import sys
-import time
-from dataclasses import dataclass, field
 
 import _common
 import torch
-import torch.nn.functional as F
+from _common import ADAMW_IMPLS, Timing, make_train_step, next_token_loss, run_interleaved
 
 import recurlen
 from recurlen import Mamba2Config, Mamba2LM, preset
@@ -162,31 +160,6 @@ def explain_mismatch(model: Mamba2LM, peer: torch.nn.Module, ids: torch.Tensor) 
 
 
 # ---------------------------------------------------------------------------------- timing
-def next_token_loss(logits: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    logits = logits[..., :vocab]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
-
-
-ADAMW_IMPLS = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-
-
-def make_train_step(logits_fn, params, ids: torch.Tensor, vocab: int, *, adamw: str):
-    """A closure running one step; it returns wall seconds of forward + backward and of the optimizer
-    step, and the process CPU seconds of the whole step."""
-    opt = torch.optim.AdamW(params, lr=1e-4, **ADAMW_IMPLS[adamw])
-
-    def step() -> tuple[float, float, float]:
-        cpu_start, start = time.process_time(), time.perf_counter()
-        loss = next_token_loss(logits_fn(ids), ids, vocab)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        mid = time.perf_counter()
-        opt.step()
-        return mid - start, time.perf_counter() - mid, time.process_time() - cpu_start
-
-    return step
-
-
 def train_flops_per_token(cfg: Mamba2Config) -> tuple[float, float]:
     """(dense, ssd) FLOPs per token of one training step; see the module docstring."""
     per_layer = cfg.d_in_proj * cfg.d_model + cfg.d_inner * cfg.d_model + cfg.conv_dim * cfg.d_conv
@@ -194,38 +167,6 @@ def train_flops_per_token(cfg: Mamba2Config) -> tuple[float, float]:
     l, n, g, h, p = cfg.chunk_size, cfg.d_state, cfg.ngroups, cfg.nheads, cfg.headdim
     ssd = 3.0 * cfg.n_layer * (2 * l * n * g + 2 * l * h * p + 4 * h * p * n)
     return dense, ssd
-
-
-@dataclass
-class Timing:
-    fwd_bwd: list[float] = field(default_factory=list)
-    opt: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
-
-    @property
-    def steps(self) -> list[float]:
-        return [a + b for a, b in zip(self.fwd_bwd, self.opt)]
-
-
-def run_interleaved(impls: dict, *, warmup: int, repeats: int, peak: _common.MatmulPeak | None) -> dict[str, Timing]:
-    """Time every implementation's step in rounds, one step each per round and the order rotated every round
-    (A B C, B C A, ...), so that drift in machine load hits them alike; the matmul peak is measured again
-    after every round (between the repeats)."""
-    order = list(impls)
-    for _ in range(warmup):
-        for impl in order:
-            impls[impl]()
-    times = {impl: Timing() for impl in impls}
-    for r in range(repeats):
-        k = r % len(order)
-        for impl in order[k:] + order[:k]:
-            fwd_bwd, opt, cpu = impls[impl]()
-            times[impl].fwd_bwd.append(fwd_bwd)
-            times[impl].opt.append(opt)
-            times[impl].cpu.append(cpu)
-        if peak is not None:
-            peak.between()
-    return times
 
 
 def print_timings(times: dict[str, Timing], tokens: int, per_token: float | None = None) -> dict[str, float]:
