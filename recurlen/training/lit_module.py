@@ -47,6 +47,7 @@ class RecurlenModule(L.LightningModule):
         super().__init__()
         self.model = model
         self.intervention = build_intervention(intervention, seed=seed, zero_state=model.zero_state(1, device="cpu"))
+        self.intervention.bind(model)  # before a strategy wraps or shards it
         self.optim_cfg = optim
         self.seed = seed
         self.train_seq_len = train_seq_len

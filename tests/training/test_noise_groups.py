@@ -317,3 +317,19 @@ def test_groups_a_model_cannot_have_are_one_line_errors_before_anything_is_writt
     with pytest.raises(UserError, match="fit_groups=decay needs decay rates that are parameters"):
         run_finetune(cfg)
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_the_groups_follow_the_model_as_built_not_as_wrapped():
+    """bind(model) (the LightningModule, before a strategy wraps or shards the model) fixes the groups the first
+    fit uses; decay rates that move afterwards do not regroup."""
+    model = slow_and_fast_mamba1()
+    iv = fitted(model, fit_groups="decay", fit_group_count=4)
+    iv.bind(model)
+    before = iv.bound_groups.order_KE.clone()
+    with torch.no_grad():
+        for block in model.backbone.layers:
+            block.mixer.A_log.neg_()  # the slowest entries become the fastest
+    g = torch.Generator().manual_seed(1)
+    iv.setup(model, lambda step: {"input_ids": torch.randint(0, 200, (2, 8), generator=g)}, seq_len=8)
+    assert torch.equal(iv.stats.groups.order_KE, before)
+    assert not torch.equal(iv.groups(model).order_KE, before)

@@ -25,6 +25,7 @@ class Intervention:
     It reaches the run's other ranks through the Ranks it is built with, or connected to before a checkpoint
     is saved or restored (the LightningModule connects it in its setup hook: a trainer's ranks exist only
     from then on, and a checkpoint is restored right after). The LightningModule calls, in a run:
+      bind(model)          once when it is built, before a strategy wraps (or shards) the model
       setup(...)           once before the first step (fitted noise fits or loads its statistics)
       initial_state(...)   each step: the state every lane of the batch starts from (the batch's new_stream
                            flags, and under the documents layout each row's segment within its document)
@@ -52,6 +53,10 @@ class Intervention:
     def connect(self, ranks: Ranks) -> None:
         """Reach the run's other ranks through `ranks` from now on."""
         self.ranks = ranks
+
+    def bind(self, model: nn.Module) -> None:
+        """Read what the intervention needs from the model's own parameters while they are whole (fitted noise:
+        the decay rates its groups follow)."""
 
     def setup(self, model: nn.Module, batches: Callable[[int], dict], *, seq_len: int) -> None:
         """Before the first training step; `batches(step)` gives the training batch of a step."""

@@ -50,6 +50,8 @@ class FittedNoise(RandomNoise):
                  ranks: Ranks | None = None) -> None:
         super().__init__(cfg, seed=seed, zero_state=zero_state, ranks=ranks)
         self.stats: FittedNoiseStats | None = None
+        self.bound_groups: NoiseGroups | None = None
+        """The groups of fit_groups on the model as built (bind), for the first fit."""
         self.refresh = None if cfg.fit_refresh == "none" else StatsRefresh(
             cfg.fit_refresh, every=cfg.fit_refresh_every, decay=cfg.fit_ema, ranks=self.ranks)
 
@@ -66,6 +68,9 @@ class FittedNoise(RandomNoise):
             raise ValueError(f"the fitted-noise statistics are grouped {stats.groups.describe()}; this run asks for "
                              f"intervention.fit_groups={asked}")
         self.stats = stats
+
+    def bind(self, model: nn.Module) -> None:
+        self.bound_groups = self.groups(model)
 
     def groups(self, model: nn.Module | None = None) -> NoiseGroups:
         """The grouping intervention.fit_groups asks for on this model (a one-line user error where the model
@@ -97,7 +102,7 @@ class FittedNoise(RandomNoise):
             return self.stats
         n = self.cfg.fit_batches
         stats = fit_noise_stats(model, (batches(step) for step in range(n)), num_batches=n, seq_len=seq_len,
-                                ranks=self.ranks, groups=self.groups(model))
+                                ranks=self.ranks, groups=self.bound_groups or self.groups(model))
         log.info("fitted noise on the final states of %d sequences (groups: %s): mean |mu| %.3g, mean sigma %.3g",
                  stats.num_states, stats.groups.describe(), stats.mean_KH.abs().mean().item(),
                  stats.std_KH.mean().item())
