@@ -13,6 +13,7 @@ from pathlib import Path
 from recurlen.models import registry
 from recurlen.training.run_dir import CHECKPOINTS_DIR, LAST_CHECKPOINT, RunDir
 from recurlen.util.errors import UserError
+from recurlen.util.hub import hub_file_parts
 from recurlen.util.tokenizers import package_file
 
 RUN_CHECKPOINT = Path(CHECKPOINTS_DIR) / LAST_CHECKPOINT
@@ -58,8 +59,10 @@ def describe_checkpoint(spec: str) -> str:
         return f"{spec} (checkpoint file)"
     if looks_like_hub_id(spec):
         return f"{spec} (hub id, {_cache_note(_hub_cached(spec, 'config.json'))})"
+    if (parts := hub_file_parts(spec)) is not None:
+        return f"{spec} (file of a hub repository, {_cache_note(_hub_cached(*parts))})"
     raise UserError(f"checkpoint {spec!r} does not exist; allowed: a run directory, a .ckpt file, a pretrained "
-                    "directory or a hub id (owner/name)")
+                    "directory, a hub id (owner/name) or a file of one (owner/name/file)")
 
 
 def describe_tokenizer(spec: str) -> str:

@@ -39,7 +39,7 @@ from recurlen.models.state import LayeredState
 from recurlen.models.transformers_format import TransformersFormat
 from recurlen.models.weights_file import WeightsFileFormat
 from recurlen.util.errors import UserError
-from recurlen.util.hub import resolve_pretrained_dir
+from recurlen.util.hub import resolve_hub_file, resolve_pretrained_dir
 
 
 class StatefulLM(nn.Module):
@@ -168,8 +168,8 @@ class StatefulLM(nn.Module):
                         dtype: torch.dtype = torch.float32) -> StatefulLM:
         """Load a directory (config.json + weights) in the official format or in transformers' (where the
         architecture has one), a hub id from the local cache, or a weights file of the architecture's own release
-        format (where it has one: `weights_file`)."""
-        path = Path(str(path_or_hub_id)).expanduser()
+        format (where it has one: `weights_file`), also as `owner/name/file` from the local cache."""
+        path = resolve_hub_file(str(path_or_hub_id)) or Path(str(path_or_hub_id)).expanduser()
         if path.is_file():
             if cls.weights_file is None or not cls.weights_file.handles(path):
                 what = f"a {cls.weights_file.suffix} file" if cls.weights_file else "a checkpoint directory"

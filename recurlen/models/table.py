@@ -53,6 +53,13 @@ class ModelRow:
             raise ValueError(f"model {self.name!r}: pretrain_lr must be > 0 or None; got {self.pretrain_lr}")
 
     @property
+    def pretrained(self) -> str | None:
+        """What `model=NAME` loads: the hub id, or `hub_id/hub_file` for one file of a repository of several."""
+        if self.hub_id is None or self.hub_file is None:
+            return self.hub_id
+        return f"{self.hub_id}/{self.hub_file}"
+
+    @property
     def size(self) -> str:
         """The name without its architecture's prefix (mamba1-790m -> 790m), as the architecture's own presets
         are named (`registry.get('mamba1').preset('790m')`)."""

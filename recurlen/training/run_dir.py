@@ -35,7 +35,7 @@ from recurlen.models.interface import RecurrentLM
 from recurlen.models.official import CONFIG_NAME
 from recurlen.util.atomic_files import write_text
 from recurlen.util.errors import UserError
-from recurlen.util.hub import resolve_pretrained_dir
+from recurlen.util.hub import resolve_hub_file, resolve_pretrained_dir
 from recurlen.util.writer_lock import WriterLock, hold
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -295,7 +295,7 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
         a.load_state_dict(model, state_dict, str(ckpt_path))
         return LoadedModel(model.to(device), tokenizer=meta.get("tokenizer"), train_seq_len=meta.get("train_seq_len"),
                            source=str(ckpt_path))
-    file = Path(path).expanduser()
+    file = resolve_hub_file(str(path)) or Path(path).expanduser()  # owner/name/file: from the HF cache
     if file.is_file():  # an architecture's release format that is one weights file (registry.detect says whose)
         a = registry.detect(file)
         model = a.load_pretrained(file, backend=backend, device=device, dtype=torch.float32)

@@ -2,7 +2,8 @@
 
 A local directory is used as it is. A hub id (`owner/name`) resolves through the local Hugging Face cache
 first; a download happens only when the hub is reachable and the cache lacks the files (never when
-HF_HUB_OFFLINE=1).
+HF_HUB_OFFLINE=1). A file inside a hub repository (`owner/name/file`: one of several models' weights files, as a
+model-table row with a hub_file names it) resolves the same way, that file alone.
 """
 
 from __future__ import annotations
@@ -41,20 +42,51 @@ def resolve_pretrained_dir(path_or_hub_id: str) -> Path:
             raise not_cached(path_or_hub_id, f"downloading it failed ({type(err).__name__}: {first})") from err
 
 
+def hub_file_parts(spec: str) -> tuple[str, str] | None:
+    """('owner/name', 'file') for `owner/name/file` that is no local path; None for anything else."""
+    parts = spec.split("/")
+    if len(parts) != 3 or not all(parts) or spec.startswith((".", "~")) or Path(spec).expanduser().exists() \
+            or Path(parts[0]).expanduser().is_dir():
+        return None
+    return f"{parts[0]}/{parts[1]}", parts[2]
+
+
+def resolve_hub_file(spec: str) -> Path | None:
+    """A file inside a hub repository (`owner/name/file`) from the local HF cache (downloaded only when online);
+    None when `spec` is not of that form (a local path or a hub id: the caller takes it as it is)."""
+    parts = hub_file_parts(spec)
+    if parts is None:
+        return None
+    from huggingface_hub import hf_hub_download
+
+    repo_id, filename = parts
+    try:
+        return Path(hf_hub_download(repo_id, filename, local_files_only=True))
+    except Exception as cache_err:  # not in the cache
+        if offline():
+            raise not_cached(repo_id, "HF_HUB_OFFLINE=1 is set, so it is not downloaded", filename) from cache_err
+        try:
+            return Path(hf_hub_download(repo_id, filename))
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise not_cached(repo_id, f"downloading it failed ({type(err).__name__}: {first})", filename) from err
+
+
 def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def not_cached(hub_id: str, why: str) -> UserError:
+def not_cached(hub_id: str, why: str, filename: str | None = None) -> UserError:
     """A hub id missing from the local cache, with where the cache is and how to fill it (compute nodes are often
     offline: the files are fetched on a machine with network, into the cache this one reads)."""
     from huggingface_hub import constants
 
     home = os.environ.get("HF_HOME") or str(Path(constants.HF_HUB_CACHE).parent)
-    return UserError(f"{hub_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}; on a "
-                     f"machine with network run `HF_HOME={home} hf download {hub_id}` (older huggingface_hub: "
+    what, args = (hub_id, hub_id) if filename is None else (f"{hub_id}/{filename}", f"{hub_id} {filename}")
+    return UserError(f"{what!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}; on a "
+                     f"machine with network run `HF_HOME={home} hf download {args}` (older huggingface_hub: "
                      f"huggingface-cli download), so that it lands in that cache (HF_HOME) or in a copy of it you "
                      "point HF_HOME at here; then rerun (with HF_HUB_OFFLINE=1 no download is tried)")
 
 
-__all__ = ["HUB_PATTERNS", "not_cached", "offline", "resolve_pretrained_dir"]
+__all__ = ["HUB_PATTERNS", "hub_file_parts", "not_cached", "offline", "resolve_hub_file", "resolve_pretrained_dir"]

@@ -122,7 +122,8 @@ def test_a_model_choice_is_its_row_of_the_model_table(row):
     cfg, _ = load_experiment([f"model={row.name}"])
     m = cfg.model
     assert (m.name, m.architecture, m.pretrained, m.default_data, m.pretrain_lr) == (
-        row.name, row.architecture, row.hub_id, row.default_data, row.pretrain_lr)
+        row.name, row.architecture, row.pretrained, row.default_data, row.pretrain_lr)
+    assert row.pretrained == (row.hub_id if row.hub_file is None else f"{row.hub_id}/{row.hub_file}")
     assert m.config == registry.get(row.architecture).config_cls(**row.shape)
     # The data the row brings is tokenized as the model was trained.
     assert cfg.data.tokenizer == row.tokenizer

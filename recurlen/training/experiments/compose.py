@@ -114,7 +114,7 @@ def model_choice(choice: str, *, root: Path | None = None) -> DictConfig:
 
 
 def _row_section(row: table.ModelRow) -> DictConfig:
-    return OmegaConf.create({"name": row.name, "architecture": row.architecture, "pretrained": row.hub_id,
+    return OmegaConf.create({"name": row.name, "architecture": row.architecture, "pretrained": row.pretrained,
                              "default_data": row.default_data, "pretrain_lr": row.pretrain_lr,
                              "arch": dict(row.shape)})
 

@@ -250,6 +250,37 @@ def test_kernel_layout_arguments_follow_the_installed_signature():
     assert layout_kwargs(new) == {} and layout_kwargs(old) == {"head_first": False}
 
 
+def test_a_world_row_loads_its_file_from_the_local_hub_cache(tmp_path, monkeypatch):
+    """model=rwkv6-1.6b names one file of BlinkDL/rwkv-6-world (the repository holds every size and no config.json):
+    it loads from a Hugging Face cache that holds that file alone, offline, and states the release's context."""
+    import huggingface_hub.constants as hf_constants
+
+    from recurlen.training.experiments.compose import load_experiment
+    from recurlen.training.run_dir import load_model
+
+    world = table.find("rwkv6-1.6b")
+    repo = tmp_path / "hub" / "models--BlinkDL--rwkv-6-world"
+    model = random_lm()
+    BLINKDL_FILE.save(model, repo / "snapshots" / ("b" * 40) / world.hub_file)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("b" * 40)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    cfg, _ = load_experiment(["model=rwkv6-1.6b"])
+    assert cfg.model.pretrained == f"BlinkDL/rwkv-6-world/{world.hub_file}" == world.pretrained
+    loaded = load_model(cfg.model.pretrained, backend="torch")
+    assert isinstance(loaded.model, RWKV6LM) and loaded.train_seq_len == 4096
+    for name, p in model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[name], p), name
+    direct = RWKV6LM.from_pretrained(cfg.model.pretrained, backend="torch")
+    assert torch.equal(direct.lm_head.weight, model.lm_head.weight)
+    absent = table.find("rwkv6-3b").pretrained
+    with pytest.raises(UserError, match=r"'BlinkDL/rwkv-6-world/RWKV-x060-World-3B-.*\.pth' is not in the local "
+                       r"Hugging Face cache .* HF_HUB_OFFLINE=1 is set.*hf download BlinkDL/rwkv-6-world RWKV-x060"):
+        load_model(absent, backend="torch")
+
+
 def test_blinkdl_reader_refuses_a_non_rwkv6_state_dict():
     with pytest.raises(UserError, match="not an RWKV-6"):
         blinkdl_read({"emb.weight": torch.zeros(3, 4)}, "x.pth")
