@@ -66,7 +66,7 @@ $(KERNELS_STAMP): $(STAMP)
 
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
 
-demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (QUICK=1: the short form, runs/demo-quick; ARCH=mamba1|gla|rwkv6)
+demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (QUICK=1: the short form, runs/demo-quick; ARCH=<architecture>: its tiny model's demo)
 	$(PY) -m recurlen demo $(if $(filter-out 0,$(QUICK)),quick=true) $(if $(ARCH),arch=$(ARCH)) $(ARGS)
 
 test: $(STAMP) ## run the default (CPU) test suite
@@ -78,9 +78,8 @@ test-slow: $(STAMP) ## run the slow tests too
 test-rehearsal: $(STAMP) ## official 130m shape on CPU: load, bf16 post-training per intervention, resume, 128k eval (~20 min idle, ~50 busy)
 	$(PY) -m pytest -q -m rehearsal tests/test_rehearsal_130m.py
 
-test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's and fla's real Triton kernels on CPU (interpreter)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels tests/models/mamba2/test_kernels_cpu.py tests/models/gla/test_gla_kernels_cpu.py \
-		tests/models/rwkv6/test_rwkv6_kernels_cpu.py
+test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's and fla's real Triton kernels on CPU (interpreter; every tests/models/<arch>/test_*kernels_cpu.py)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels $(wildcard tests/models/*/test_*kernels_cpu.py)
 
 test-gpu: $(STAMP) ## the GPU tests: kernels == torch backend, FSDP run (needs CUDA + recurlen[cuda])
 	$(PY) -m pytest -q -m gpu tests/models/mamba2/test_gpu_kernels.py tests/training/test_gpu_fsdp.py
