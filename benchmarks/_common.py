@@ -216,8 +216,8 @@ def run_interleaved(impls: dict, *, warmup: int, repeats: int, peak: MatmulPeak 
 
 # ---------------------------------------------------------------------------------- one LM against the peak
 def lm_peak_parser(doc: str, shapes: dict, *, default: str, quick: str) -> argparse.ArgumentParser:
-    """The command line of a benchmark that times one LM's training step against the matmul peak (bench_gla,
-    bench_rwkv6); `quick` says which shapes --quick runs."""
+    """The command line of a benchmark that times one LM's training step against the matmul peak (bench_gla
+    and its like); `quick` says which shapes --quick runs."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help=f"{quick}, 1 warm-up + 2 timed steps (make bench)")

@@ -1,4 +1,4 @@
-"""flash-linear-attention's language-model layout, shared by every architecture that follows it (GLA and RWKV-6):
+"""flash-linear-attention's language-model layout, shared by every architecture that follows it:
 
     model.embeddings.weight     (V, D)
     model.layers.{i}.*          the architecture's blocks

@@ -4,7 +4,7 @@
 (B, T, H, K) layout recurlen uses. Nothing from fla is imported at module load time; its keyword
 arguments changed across releases (`head_first` was the default layout once, `state_v_first` came
 later), so the call passes each only where the installed version has it, always asking for the
-time-major layout and the key-major state (recurlen.models.fla_model's glue, shared with RWKV-6).
+time-major layout and the key-major state (recurlen.models.fla_model's glue, shared by fla's layouts).
 
 On CPU tensors the same kernel runs only under Triton's interpreter (TRITON_INTERPRET=1 before triton
 is imported, with recurlen[kernels-cpu] and fla-core): the kernel tests use it to execute this glue

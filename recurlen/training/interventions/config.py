@@ -56,7 +56,7 @@ class InterventionConfig:
     """fitted_noise with fit_refresh=ema: the weight the old moments keep at each refresh, in [0, 1)."""
     fit_groups: str = "default"
     """fitted_noise: the groups one mean and std is fitted over, per layer. default: the architecture's own (per
-    (layer, head) for Mamba-2, GLA, RWKV-6; per layer for Mamba-1, whose channels have their own decays). blocks:
+    (layer, head) where the state has heads; per layer for Mamba-1, whose channels have their own decays). blocks:
     fit_group_count equal blocks of consecutive entries of a layer's state (Mamba-1: blocks of d_inner channels).
     decay: a layer's entries sorted by their decay rate at zero input (Mamba-1: softplus(dt bias) x |A| per
     (channel, state) entry; Mamba-2: per head), cut into fit_group_count equal quantile groups; only where the

@@ -1,7 +1,7 @@
 """The groups fitted noise fits one mean and std over (`intervention.fit_groups`), for every architecture.
 
-  default  the state type's own groups (GROUP_DIMS): per (layer, head) for Mamba-2, GLA and RWKV-6, per layer
-           for Mamba-1. Today's behaviour, bit for bit.
+  default  the state type's own groups (GROUP_DIMS): per (layer, head) where the state has heads, per
+           layer for Mamba-1. Today's behaviour, bit for bit.
   blocks   per (layer, block): a layer's entries of the recurrent part, in the state's layout (lanes left out),
            cut into `count` equal blocks of consecutive entries (Mamba-1: blocks of d_inner channels with all
            their d_state entries, when count divides d_inner).
