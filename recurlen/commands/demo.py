@@ -191,6 +191,16 @@ def _stage_done(run_dir: Path, args: list[str], planned_steps: int, inputs: dict
     return step is not None and step >= planned_steps
 
 
+def _stale_marker(run_dir: Path, args: list[str], inputs: dict[str, str]) -> bool:
+    """The stage finished once with other arguments or inputs (a marker that matches them but whose checkpoint is
+    short or damaged is not stale: the run resumes from its furthest-trained checkpoint)."""
+    marker = run_dir / DONE_MARKER
+    if not marker.is_file():
+        return False
+    recorded = json.loads(marker.read_text())
+    return recorded.get("args") != args or recorded.get("inputs") != inputs
+
+
 def stage_inputs(args: list[str]) -> dict[str, str]:
     """Fingerprints of what a stage's result depends on beyond its arguments: the experiment as composed now (an
     edited experiment file changes it) and the checkpoint it starts from (a re-run pre-training changes it), so
@@ -244,11 +254,20 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
         return {"stage": name, "reused": True, "seconds": 0.0, "steps": checkpoint_step(last)}
     if _STAGES.stopped_on is not None:  # the demo was asked to stop before this stage began
         raise Interrupted(_STAGES.stopped_on, step=checkpoint_step(last) or 0, checkpoint=None)
+    # A stage that finished with other arguments, another experiment or another starting checkpoint is stale: it is
+    # trained again from its start, its old run archived in the run directory. Resuming it would either continue a
+    # finished run (nothing trained: the old result kept under the new inputs) or be refused for changed settings.
+    # Its marker goes first, so that a stage stopped during the new training resumes that one.
+    restart = _stale_marker(run_dir, args, inputs)
+    if restart:
+        log.info("demo stage %s: its arguments, experiment or starting checkpoint changed since it finished; its run "
+                 "is archived (%s) and the stage is trained again", name, run_dir / "archive")
+        (run_dir / DONE_MARKER).unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     # The progress override comes after `args`, which stay what the done marker records.
     cmd = [sys.executable, "-m", "recurlen", "finetune", *args, f"trainer.num_threads={threads}",
-           "trainer.progress_bar=true"]
+           "trainer.progress_bar=true", *(["resume=archive"] if restart else [])]
     start = time.perf_counter()
     seen: list[tuple[float, int]] = []  # (time, step) of the bar's first draw and of the last step it reached
 

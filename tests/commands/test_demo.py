@@ -139,6 +139,33 @@ def test_stage_is_not_reused_when_its_experiment_or_starting_checkpoint_changed(
     assert not _stage_done(run_dir, args, 10)
 
 
+def test_a_stale_stage_is_trained_again_with_its_old_run_archived(tmp_path, monkeypatch):
+    """A finished stage whose inputs changed starts over (resume=archive): resuming it would keep the old result
+    (its checkpoint already at the planned step) or be refused for changed settings. A stage stopped part-way, or
+    one whose marker matches, resumes."""
+    import recurlen.commands.demo as demo
+    from recurlen.commands.demo import DONE_MARKER, _stage_done, run_stage
+
+    commands = []
+    run_dir = tmp_path / "stage"
+    args = [f"run_dir={run_dir}", "trainer.max_steps=10"]
+    _fake_stage(monkeypatch, writes_step=10, exit_code=0)
+    fake = demo.subprocess.Popen
+    monkeypatch.setattr(demo.subprocess, "Popen", lambda cmd, **kw: (commands.append(cmd), fake(cmd, **kw))[1])
+    run_stage("pretrain", run_dir, args, threads=1, planned_steps=10)
+    assert "resume=archive" not in commands[-1]  # the first training
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"torn")
+    run_stage("pretrain", run_dir, args, threads=1, planned_steps=10)
+    assert "resume=archive" not in commands[-1]  # same inputs, damaged checkpoint: resumed, not restarted
+    changed = [*args, "optim.lr=1e-4"]
+    run_stage("pretrain", run_dir, changed, threads=1, planned_steps=10)
+    assert "resume=archive" in commands[-1] and _stage_done(run_dir, changed, 10)
+    # Stopped during the new training (no marker): the next run resumes it.
+    (run_dir / DONE_MARKER).unlink()
+    run_stage("pretrain", run_dir, changed, threads=1, planned_steps=10)
+    assert "resume=archive" not in commands[-1]
+
+
 def test_stage_that_exits_0_short_of_its_steps_is_not_done(tmp_path, monkeypatch):
     from recurlen.commands.demo import DONE_MARKER, run_stage
     from recurlen.util.errors import UserError
