@@ -43,10 +43,12 @@ def resolve_pretrained_dir(path_or_hub_id: str) -> Path:
 
 
 def hub_file_parts(spec: str) -> tuple[str, str] | None:
-    """('owner/name', 'file') for `owner/name/file` that is no local path; None for anything else."""
+    """('owner/name', 'file') for `owner/name/file` that is no local path; None for anything else. The file must
+    have a suffix (a weights file: `.pth`, `.safetensors`, ...), so that a mistyped run directory `a/b/run` stays a
+    local path that does not exist rather than a hub lookup."""
     parts = spec.split("/")
     if len(parts) != 3 or not all(parts) or spec.startswith((".", "~")) or Path(spec).expanduser().exists() \
-            or Path(parts[0]).expanduser().is_dir():
+            or Path(parts[0]).expanduser().is_dir() or not Path(parts[2]).suffix:
         return None
     return f"{parts[0]}/{parts[1]}", parts[2]
 
@@ -60,16 +62,20 @@ def resolve_hub_file(spec: str) -> Path | None:
     from huggingface_hub import hf_hub_download
 
     repo_id, filename = parts
+    # Also a mistyped local path has this form: the error says both readings.
+    local = f"checkpoint {spec!r} does not exist (no such file or directory here); read as a file of a hub repository, "
     try:
         return Path(hf_hub_download(repo_id, filename, local_files_only=True))
     except Exception as cache_err:  # not in the cache
         if offline():
-            raise not_cached(repo_id, "HF_HUB_OFFLINE=1 is set, so it is not downloaded", filename) from cache_err
+            err = not_cached(repo_id, "HF_HUB_OFFLINE=1 is set, so it is not downloaded", filename)
+            raise UserError(local + str(err)) from cache_err
         try:
             return Path(hf_hub_download(repo_id, filename))
-        except Exception as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise not_cached(repo_id, f"downloading it failed ({type(err).__name__}: {first})", filename) from err
+        except Exception as download_err:
+            first = (str(download_err).strip().splitlines() or [type(download_err).__name__])[0][:200]
+            err = not_cached(repo_id, f"downloading it failed ({type(download_err).__name__}: {first})", filename)
+            raise UserError(local + str(err)) from download_err
 
 
 def offline() -> bool:
