@@ -55,24 +55,22 @@ class Reference:
     """Per model (loading it) and once for the held-out data."""
 
 
-# Measured on a full demo (`recurlen demo`: 2000 pre-training steps, 750 post-training steps for each of the five
-# interventions, two at a time, one thread each; evaluation of 6 models on 64 sequences of 1024 tokens with EffRem)
-# on 2 CPU cores: every phase as the demo's timings recorded it (runs/demo/demo_timings.json), scaled by 0.578, the
-# pre-training's speed while the machine was idle (its first 700 steps, 0.085 s per step) over its average for the
-# whole stage (0.147 s, other jobs having started meanwhile). TBTT ran alone in the last slot: its per-step cost is
-# none's x 1.015, the ratio of the two side by side in the quick demo.
+# Measured on a full demo (`recurlen demo`: 2000 pre-training steps at 2 threads, 750 post-training steps for each of
+# the five interventions, two at a time, one thread each; evaluation of 6 models on 64 sequences of 1024 tokens with
+# EffRem) on 2 CPU cores, otherwise idle (load 0.4 -> 1.6): every phase as its runs/demo/demo_timings.json recorded
+# it. The whole run took 492 s (8.2 min), as the plan priced from this table says.
 REFERENCE = Reference(
     machine="2 idle CPU cores",
-    pretrain=StageCost(startup=2.4, per_step=0.085, finish=22.4),
+    pretrain=StageCost(startup=4.2, per_step=0.073, finish=3.7),
     posttrain={
-        "none": StageCost(startup=3.9, per_step=0.103, finish=5.9),
-        "random_noise": StageCost(startup=3.9, per_step=0.111, finish=5.6),
-        "fitted_noise": StageCost(startup=5.3, per_step=0.132, finish=4.8),
-        "state_passing": StageCost(startup=5.2, per_step=0.124, finish=5.1),
-        "tbptt": StageCost(startup=3.6, per_step=0.105, finish=3.0),
+        "none": StageCost(startup=3.9, per_step=0.123, finish=4.2),
+        "random_noise": StageCost(startup=3.9, per_step=0.131, finish=3.9),
+        "fitted_noise": StageCost(startup=4.3, per_step=0.133, finish=4.6),
+        "state_passing": StageCost(startup=3.8, per_step=0.123, finish=4.9),
+        "tbptt": StageCost(startup=4.1, per_step=0.121, finish=4.5),
     },
-    eval_per_token=8.7e-5,
-    effrem_per_token=8.7e-5,
+    eval_per_token=5.3e-5,
+    effrem_per_token=5.3e-5,
     eval_startup=1.0,
 )
 
