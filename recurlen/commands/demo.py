@@ -178,27 +178,22 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
     return lines
 
 
-def _stage_done(run_dir: Path, args: list[str], planned_steps: int, inputs: dict[str, str] | None = None) -> bool:
-    """Done = the marker records these arguments and inputs (stage_inputs(args), computed here unless given) and
-    the stage's checkpoint reached the planned step."""
+def _marker_matches(run_dir: Path, args: list[str], inputs: dict[str, str] | None = None) -> bool | None:
+    """Whether the stage's done marker records these arguments and inputs (stage_inputs(args), computed here unless
+    given); None when the stage has no marker."""
     marker = run_dir / DONE_MARKER
     if not marker.is_file():
-        return False
+        return None
     recorded = json.loads(marker.read_text())
-    if recorded.get("args") != args or recorded.get("inputs") != (inputs or stage_inputs(args)):
+    return recorded.get("args") == args and recorded.get("inputs") == (inputs or stage_inputs(args))
+
+
+def _stage_done(run_dir: Path, args: list[str], planned_steps: int, inputs: dict[str, str] | None = None) -> bool:
+    """Done = the marker records these arguments and inputs and the stage's checkpoint reached the planned step."""
+    if not _marker_matches(run_dir, args, inputs):
         return False
     step = checkpoint_step(RunDir(run_dir).last_checkpoint)
     return step is not None and step >= planned_steps
-
-
-def _stale_marker(run_dir: Path, args: list[str], inputs: dict[str, str]) -> bool:
-    """The stage finished once with other arguments or inputs (a marker that matches them but whose checkpoint is
-    short or damaged is not stale: the run resumes from its furthest-trained checkpoint)."""
-    marker = run_dir / DONE_MARKER
-    if not marker.is_file():
-        return False
-    recorded = json.loads(marker.read_text())
-    return recorded.get("args") != args or recorded.get("inputs") != inputs
 
 
 def stage_inputs(args: list[str]) -> dict[str, str]:
@@ -257,8 +252,9 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
     # A stage that finished with other arguments, another experiment or another starting checkpoint is stale: it is
     # trained again from its start, its old run archived in the run directory. Resuming it would either continue a
     # finished run (nothing trained: the old result kept under the new inputs) or be refused for changed settings.
-    # Its marker goes first, so that a stage stopped during the new training resumes that one.
-    restart = _stale_marker(run_dir, args, inputs)
+    # Its marker goes first, so that a stage stopped during the new training resumes that one. A marker that matches
+    # but whose checkpoint is short or damaged is not stale: the run resumes from its furthest-trained checkpoint.
+    restart = _marker_matches(run_dir, args, inputs) is False
     if restart:
         log.info("demo stage %s: its arguments, experiment or starting checkpoint changed since it finished; its run "
                  "is archived (%s) and the stage is trained again", name, run_dir / "archive")
