@@ -9,6 +9,7 @@ model-table row with a hub_file names it) resolves the same way, that file alone
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from recurlen.util.errors import UserError
@@ -30,16 +31,25 @@ def resolve_pretrained_dir(path_or_hub_id: str) -> Path:
         raise FileNotFoundError(f"checkpoint directory {path_or_hub_id!r} does not exist")
     from huggingface_hub import snapshot_download
 
+    return _cache_first(lambda local: snapshot_download(path_or_hub_id, allow_patterns=HUB_PATTERNS,
+                                                        local_files_only=local), path_or_hub_id)
+
+
+def _cache_first(fetch: Callable[[bool], str], hub_id: str, filename: str | None = None, prefix: str = "") -> Path:
+    """fetch(local_files_only) from the local HF cache; when it is not there, downloaded unless HF_HUB_OFFLINE=1.
+    Either failure is `not_cached`'s one line (after `prefix`)."""
     try:
-        return Path(snapshot_download(path_or_hub_id, allow_patterns=HUB_PATTERNS, local_files_only=True))
+        return Path(fetch(True))
     except Exception as cache_err:  # not in the cache
         if offline():
-            raise not_cached(path_or_hub_id, "HF_HUB_OFFLINE=1 is set, so it is not downloaded") from cache_err
+            err = not_cached(hub_id, "HF_HUB_OFFLINE=1 is set, so it is not downloaded", filename)
+            raise UserError(prefix + str(err)) from cache_err
         try:
-            return Path(snapshot_download(path_or_hub_id, allow_patterns=HUB_PATTERNS))
-        except Exception as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise not_cached(path_or_hub_id, f"downloading it failed ({type(err).__name__}: {first})") from err
+            return Path(fetch(False))
+        except Exception as download_err:
+            first = (str(download_err).strip().splitlines() or [type(download_err).__name__])[0][:200]
+            err = not_cached(hub_id, f"downloading it failed ({type(download_err).__name__}: {first})", filename)
+            raise UserError(prefix + str(err)) from download_err
 
 
 def hub_file_parts(spec: str) -> tuple[str, str] | None:
@@ -64,18 +74,8 @@ def resolve_hub_file(spec: str) -> Path | None:
     repo_id, filename = parts
     # Also a mistyped local path has this form: the error says both readings.
     local = f"checkpoint {spec!r} does not exist (no such file or directory here); read as a file of a hub repository, "
-    try:
-        return Path(hf_hub_download(repo_id, filename, local_files_only=True))
-    except Exception as cache_err:  # not in the cache
-        if offline():
-            err = not_cached(repo_id, "HF_HUB_OFFLINE=1 is set, so it is not downloaded", filename)
-            raise UserError(local + str(err)) from cache_err
-        try:
-            return Path(hf_hub_download(repo_id, filename))
-        except Exception as download_err:
-            first = (str(download_err).strip().splitlines() or [type(download_err).__name__])[0][:200]
-            err = not_cached(repo_id, f"downloading it failed ({type(download_err).__name__}: {first})", filename)
-            raise UserError(local + str(err)) from download_err
+    return _cache_first(lambda local_only: hf_hub_download(repo_id, filename, local_files_only=local_only), repo_id,
+                        filename, prefix=local)
 
 
 def offline() -> bool:
