@@ -35,11 +35,12 @@ def _setup_logging() -> None:
         root.addHandler(handler)
     root.setLevel(logging.INFO)
     root.propagate = False
-    for name in ("lightning.pytorch", "lightning.fabric"):  # Lightning's own console handlers, likewise
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # Lightning's console handlers, likewise
         lightning_log = logging.getLogger(name)
         for i, old in enumerate(lightning_log.handlers):
             if type(old) is logging.StreamHandler:
-                new = TqdmHandler(old.stream)
+                # Lightning made its handler on stderr at import; the new one follows sys.stderr as it is now.
+                new = TqdmHandler(old.stream if old.stream is sys.stdout else None)
                 new.setFormatter(old.formatter)
                 new.setLevel(old.level)
                 lightning_log.handlers[i] = new
