@@ -383,6 +383,9 @@ def _run_demo(cfg: DemoConfig) -> Path:
     load_at_start = _load()
 
     _prepare_corpus(cfg)  # once, before parallel stages would race to build the same cache
+    # The evaluation's held-out sequences are cut now, before any training: a length or count the held-out
+    # documents cannot supply stops the demo here, not after its training stages.
+    eval_sequences = _eval_sequences(cfg)
     progress = _progress(cfg)
     log.info("demo: about %s on %s (the stages' measured costs; the bar rescales them to this machine's speed as "
              "the stages report their steps)", _minutes(progress.first_estimate), REFERENCE.machine)
@@ -415,7 +418,7 @@ def _run_demo(cfg: DemoConfig) -> Path:
 
         progress.eval_started()
         t_eval = time.perf_counter()
-        _evaluate(cfg, root, base, threads=total_threads)
+        _evaluate(cfg, root, base, eval_sequences, threads=total_threads)
         eval_seconds = time.perf_counter() - t_eval
         finished = True
     finally:
@@ -537,17 +540,26 @@ def _prepare_corpus(cfg: DemoConfig) -> None:
     RecurlenDataModule(_experiment_cfg(cfg, cfg.pretrain_experiment).data).prepare_data()
 
 
-def _evaluate(cfg: DemoConfig, root: Path, base: Path, *, threads: int) -> None:
+def _eval_sequences(cfg: DemoConfig):
+    """The held-out sequences the evaluation stage reads (eval.num_sequences x eval.length tokens)."""
+    from recurlen.training.data.datamodule import RecurlenDataModule
+
+    dm = RecurlenDataModule(_experiment_cfg(cfg, cfg.pretrain_experiment).data)
+    dm.setup("validate")
+    try:
+        return dm.long_validation_sequences(length=cfg.eval.length, num=cfg.eval.num_sequences)
+    except ValueError as err:
+        raise UserError(f"the demo's evaluation (eval.num_sequences={cfg.eval.num_sequences} x eval.length="
+                        f"{cfg.eval.length} tokens) does not fit the held-out data: {err}; or lower "
+                        "eval.num_sequences / eval.length") from err
+
+
+def _evaluate(cfg: DemoConfig, root: Path, base: Path, sequences, *, threads: int) -> None:
     import torch
 
     from recurlen.evaluation.runner import EvalConfig, run_eval
-    from recurlen.training.data.datamodule import RecurlenDataModule
 
     torch.set_num_threads(threads)
-    exp = _experiment_cfg(cfg, cfg.pretrain_experiment)
-    dm = RecurlenDataModule(exp.data)
-    dm.setup("validate")
-    sequences = dm.long_validation_sequences(length=cfg.eval.length, num=cfg.eval.num_sequences)
     checkpoints = [f"base={base}"] + [f"{n}={RunDir(root / 'post' / n).last_checkpoint}" for n in cfg.interventions]
     tasks = ["positionwise", "reset", "state"] + (["effrem"] if cfg.eval.effrem else [])
     ecfg = EvalConfig(checkpoints=checkpoints, output_dir=str(root / "eval"), seq_len=cfg.eval.length,

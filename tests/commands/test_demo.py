@@ -78,6 +78,15 @@ def test_bad_demo_config_is_a_clear_error():
 # ---- a stage is done only when its checkpoint reached the planned step (fast: a stand-in stage process) ----
 
 
+def test_an_evaluation_the_held_out_data_cannot_supply_stops_before_any_training(tmp_path):
+    root = tmp_path / "demo"
+    done = run_demo_cli(root, tmp_path / "cache", "eval.length=100000")
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "eval.num_sequences=4 x eval.length=100000" in errors[0] and "lower eval.num_sequences" in errors[0]
+    assert not (root / "pretrain").exists()
+
+
 def _fake_stage(monkeypatch, *, writes_step, exit_code):
     """The finetune subprocess replaced by one that writes last.ckpt at `writes_step` and exits with `exit_code`."""
     import recurlen.commands.demo as demo
