@@ -56,6 +56,70 @@ class _ChunkDecay(torch.autograd.Function):
         return g_cs.flip(-1).cumsum(dim=-1).flip(-1)  # cs = cumsum(a)
 
 
+class _StatePass(torch.autograd.Function):
+    """The states entering each chunk, h_0 = initial and h_k+1 = decay_k * h_k + chunk_state_k, and the final one.
+
+    The same arithmetic as the loop written with autograd, in a better layout: the entering states
+    are kept d_state-major, (N, H*P) per chunk, which is the layout the scan reads them in (C @ h^T)
+    and the layout their gradient comes back in. No stack in either direction, and the backward's
+    products meet two tensors of one layout, so they run at full speed. Each product that a
+    reduction follows keeps the layout autograd gave it, so the sums add in the same order.
+    """
+
+    @staticmethod
+    def forward(ctx, decay_BcH: torch.Tensor, chunk_states_BcHPN: torch.Tensor,
+                initial_BHPN: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, c, nheads, headdim, d_state = chunk_states_BcHPN.shape
+        # c + 1 states: those entering each chunk, then the final one (in the same layout: the update
+        # runs on operands of one layout; the caller stacks or copies the final state anyway).
+        states_BcHPN = _d_state_major(chunk_states_BcHPN, (batch, c + 1, nheads, headdim, d_state))
+        if initial_BHPN is None:
+            states_BcHPN[:, 0].zero_()
+        else:
+            states_BcHPN[:, 0].copy_(initial_BHPN)
+        for k in range(c):
+            torch.mul(decay_BcH[:, k, :, None, None], states_BcHPN[:, k], out=states_BcHPN[:, k + 1])
+            states_BcHPN[:, k + 1].add_(chunk_states_BcHPN[:, k])
+        final_BHPN = states_BcHPN[:, c]
+        states_BcHPN = states_BcHPN[:, :c]
+        ctx.save_for_backward(decay_BcH, states_BcHPN)
+        ctx.has_initial = initial_BHPN is not None
+        # Gradients that nothing produces stay None, as autograd leaves them: no work on zeros.
+        ctx.set_materialize_grads(False)
+        if c == 1 and initial_BHPN is None:
+            ctx.mark_non_differentiable(states_BcHPN)  # only the zero state enters
+        return states_BcHPN, final_BHPN
+
+    @staticmethod
+    def backward(ctx, grad_states_BcHPN: torch.Tensor | None, grad_final_BHPN: torch.Tensor | None):
+        decay_BcH, states_BcHPN = ctx.saved_tensors
+        c = decay_BcH.shape[1]
+        grad_chunk_states = _d_state_major(states_BcHPN, states_BcHPN.shape)
+        grad_decay_BcH = torch.zeros_like(decay_BcH)
+        g = grad_final_BHPN  # gradient of the state leaving chunk k; None where nothing depends on it
+        for k in reversed(range(c)):
+            if g is None:
+                grad_chunk_states[:, k].zero_()
+            else:
+                grad_chunk_states[:, k].copy_(g)
+                grad_decay_BcH[:, k] = (g * states_BcHPN[:, k]).sum((2, 3))
+            if k == 0 and not ctx.has_initial:
+                break  # the zero state entering chunk 0 depends on nothing
+            # the state entering chunk k: read by the scan (grad_states) and by chunk k's update
+            g_in = None if grad_states_BcHPN is None else grad_states_BcHPN[:, k]
+            if g is not None:
+                g_decayed = g * decay_BcH[:, k, :, None, None]
+                g_in = g_decayed if g_in is None else g_in + g_decayed
+            g = g_in
+        return grad_decay_BcH, grad_chunk_states, g if ctx.has_initial else None
+
+
+def _d_state_major(like: torch.Tensor, shape_BcHPN) -> torch.Tensor:
+    """An empty (B, c, H, P, N) tensor laid out as (B, c, N, H, P): each chunk's state is a contiguous (N, H*P)."""
+    batch, c, nheads, headdim, d_state = shape_BcHPN
+    return like.new_empty(batch, c, d_state, nheads, headdim).permute(0, 1, 3, 4, 2)
+
+
 def ssd_chunked(
     x_BLHP: torch.Tensor,
     dt_BLH: torch.Tensor,
@@ -107,16 +171,8 @@ def ssd_chunked(
 
     # 3. Pass the state across chunks sequentially: linear in the number of chunks.
     chunk_decay_BcH = torch.exp(Acum_BcHl[..., -1])
-    if initial_state_BHPN is None:
-        state = torch.zeros(batch, nheads, headdim, d_state, device=x.device, dtype=x.dtype)
-    else:
-        state = initial_state_BHPN.to(x.dtype)
-    states_in = []
-    # unbind, not [:, k]: each index would zero-fill a full-size gradient in the backward.
-    for decay_BH, chunk_state_BHPN in zip(chunk_decay_BcH.unbind(1), chunk_states_BcHPN.unbind(1)):
-        states_in.append(state)
-        state = decay_BH[:, :, None, None] * state + chunk_state_BHPN
-    states_in_BcGRN = torch.stack(states_in, dim=1).view(batch, c, ngroups, r * headdim, d_state)
+    states_in_BcHPN, state = _StatePass.apply(chunk_decay_BcH, chunk_states_BcHPN, initial_state_BHPN)
+    states_in_BcGRN = states_in_BcHPN.view(batch, c, ngroups, r * headdim, d_state)
 
     # 4. Contribution of the state entering each chunk to the chunk's outputs (C per group again).
     y_off_BclHP = (C_BcGln @ states_in_BcGRN.transpose(-1, -2)).transpose(2, 3).reshape(X_BclHP.shape)
