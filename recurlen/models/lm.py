@@ -42,6 +42,35 @@ from recurlen.util.errors import UserError
 from recurlen.util.hub import resolve_hub_file, resolve_pretrained_dir
 
 
+class _HeadRows(torch.autograd.Function):
+    """F.linear(hidden, weight[:rows]), with the weight's gradient written straight into one of the weight's size.
+
+    Autograd would compute the (rows x D) gradient, then zero-fill a full-size one and copy it in (the slice's
+    backward): for a 50k vocabulary that is two more passes over the whole matrix per step. The products are
+    the ones autograd runs for F.linear, in the same layouts, so the results are the same bits.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+        ctx.save_for_backward(hidden, weight)
+        ctx.rows = rows
+        return F.linear(hidden, weight[:rows])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        hidden, weight = ctx.saved_tensors
+        rows = ctx.rows
+        grad_2d = grad.reshape(-1, rows)
+        grad_hidden = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_hidden = grad_2d.mm(weight[:rows]).view(hidden.shape)
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
+            torch.mm(grad_2d.t(), hidden.reshape(-1, hidden.shape[-1]), out=grad_weight[:rows])
+            grad_weight[rows:].zero_()
+        return grad_hidden, grad_weight, None
+
+
 class StatefulLM(nn.Module):
     config_cls: ClassVar[type]
     state_cls: ClassVar[type[LayeredState]]
@@ -136,10 +165,14 @@ class StatefulLM(nn.Module):
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         # Rows past vocab_size are padding and never targets. Dropping them from the weight (a contiguous
-        # view of its first rows) rather than from the logits keeps the logits contiguous, and the
-        # backward's zero-filled buffer the size of the weight, not of (tokens x vocab).
+        # view of its first rows) rather than from the logits keeps the logits contiguous; on CPU
+        # _HeadRows also spares the backward a zero-filled copy of the weight's gradient.
         weight = self.lm_head.weight
-        return F.linear(hidden, weight if self.score_padded_vocab else weight[: self.config.vocab_size])
+        rows = weight.shape[0] if self.score_padded_vocab else self.config.vocab_size
+        if (rows < weight.shape[0] and hidden.device.type == "cpu" and hidden.is_contiguous()
+                and hidden.dtype == weight.dtype and not torch.is_autocast_enabled("cpu")):
+            return _HeadRows.apply(hidden, weight, rows)
+        return F.linear(hidden, weight[:rows])
 
     def forward(self, input_ids: torch.Tensor, state: LayeredState | None = None, *,
                 backend: str | None = None) -> tuple[torch.Tensor, LayeredState]:
