@@ -70,18 +70,18 @@ class _StatePass(torch.autograd.Function):
     def forward(ctx, decay_BcH: torch.Tensor, chunk_states_BcHPN: torch.Tensor,
                 initial_BHPN: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, c, nheads, headdim, d_state = chunk_states_BcHPN.shape
-        # c + 1 states: those entering each chunk, then the final one (in the same layout: the update
-        # runs on operands of one layout; the caller stacks or copies the final state anyway).
-        states_BcHPN = _d_state_major(chunk_states_BcHPN, (batch, c + 1, nheads, headdim, d_state))
+        states_BcHPN = _d_state_major(chunk_states_BcHPN, (batch, c, nheads, headdim, d_state))
+        # The final state in the same layout, so that every update runs on operands of one layout (its
+        # own tensor: a (c + 1)-th slot would leave the c entering states without one batch stride).
+        final_BHPN = _d_state_major(chunk_states_BcHPN, (batch, 1, nheads, headdim, d_state))[:, 0]
         if initial_BHPN is None:
             states_BcHPN[:, 0].zero_()
         else:
             states_BcHPN[:, 0].copy_(initial_BHPN)
         for k in range(c):
-            torch.mul(decay_BcH[:, k, :, None, None], states_BcHPN[:, k], out=states_BcHPN[:, k + 1])
-            states_BcHPN[:, k + 1].add_(chunk_states_BcHPN[:, k])
-        final_BHPN = states_BcHPN[:, c]
-        states_BcHPN = states_BcHPN[:, :c]
+            out = states_BcHPN[:, k + 1] if k + 1 < c else final_BHPN
+            torch.mul(decay_BcH[:, k, :, None, None], states_BcHPN[:, k], out=out)
+            out.add_(chunk_states_BcHPN[:, k])
         ctx.save_for_backward(decay_BcH, states_BcHPN)
         ctx.has_initial = initial_BHPN is not None
         # Gradients that nothing produces stay None, as autograd leaves them: no work on zeros.
@@ -94,24 +94,34 @@ class _StatePass(torch.autograd.Function):
     def backward(ctx, grad_states_BcHPN: torch.Tensor | None, grad_final_BHPN: torch.Tensor | None):
         decay_BcH, states_BcHPN = ctx.saved_tensors
         c = decay_BcH.shape[1]
+        # The gradient of the state leaving chunk k is also chunk_state_k's: where it is a sum, the sum
+        # is written straight into that slot (in grad_states' layout, the one autograd's sum takes).
         grad_chunk_states = _d_state_major(states_BcHPN, states_BcHPN.shape)
-        grad_decay_BcH = torch.zeros_like(decay_BcH)
-        g = grad_final_BHPN  # gradient of the state leaving chunk k; None where nothing depends on it
+        grad_decay = [torch.zeros_like(decay_BcH[:, 0])] * c
+        g = grad_final_BHPN  # None where nothing depends on the state
+        if g is not None:
+            grad_chunk_states[:, c - 1].copy_(g)
         for k in reversed(range(c)):
             if g is None:
                 grad_chunk_states[:, k].zero_()
             else:
-                grad_chunk_states[:, k].copy_(g)
-                grad_decay_BcH[:, k] = (g * states_BcHPN[:, k]).sum((2, 3))
+                grad_decay[k] = (g * states_BcHPN[:, k]).sum((2, 3))
             if k == 0 and not ctx.has_initial:
                 break  # the zero state entering chunk 0 depends on nothing
             # the state entering chunk k: read by the scan (grad_states) and by chunk k's update
             g_in = None if grad_states_BcHPN is None else grad_states_BcHPN[:, k]
+            slot = grad_chunk_states[:, k - 1] if k > 0 else None
             if g is not None:
                 g_decayed = g * decay_BcH[:, k, :, None, None]
-                g_in = g_decayed if g_in is None else g_in + g_decayed
+                if g_in is not None and slot is not None:
+                    g_in = torch.add(g_in, g_decayed, out=slot)
+                    slot = None
+                else:
+                    g_in = g_decayed if g_in is None else g_in + g_decayed
+            if slot is not None and g_in is not None:
+                slot.copy_(g_in)
             g = g_in
-        return grad_decay_BcH, grad_chunk_states, g if ctx.has_initial else None
+        return torch.stack(grad_decay, dim=1), grad_chunk_states, g if ctx.has_initial else None
 
 
 def _d_state_major(like: torch.Tensor, shape_BcHPN) -> torch.Tensor:
