@@ -54,7 +54,9 @@ from recurlen import Mamba2Config, Mamba2LM, preset
 SHAPES = {
     # name: (model config, batch, length, target ratio recurlen / transformers)
     "tiny": (lambda: preset("tiny", n_layer=4), 8, 512, 2.0),
-    "130m": (lambda: preset("130m"), 1, 512, 1.5),
+    # 2x at 130m is the goal; dense matmuls running near the core's peak are ~75% of recurlen's step there, so
+    # what is left to win is small (docs/benchmarks.md).
+    "130m": (lambda: preset("130m"), 1, 512, 2.0),
 }
 LOGITS_TOL = 1e-4
 
