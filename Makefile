@@ -117,7 +117,8 @@ tensorboard: $(STAMP) ## TensorBoard over every run under runs/
 generate: $(STAMP) ## greedy continuation from an untrained MODEL (smoke check) or ARGS='--checkpoint runs/x'
 	$(PY) -m recurlen generate $(if $(ARGS),$(ARGS),model=$(MODEL))
 
-bench: $(STAMP) ## run the CPU benchmark scripts (quick settings; not in CI), ending with one table of every ratio
+# bench needs the kernels' CPU install too: fla-core (with Triton) is the peer of RWKV-6's WKV scan.
+bench: $(KERNELS_STAMP) ## run the CPU benchmark scripts (quick settings; not in CI), ending with one table of every ratio
 	$(PY) benchmarks/table.py --start $(BENCH_RESULTS)
 	for b in $(filter-out benchmarks/bench_gpu%.py,$(wildcard benchmarks/bench_*.py)); do echo "== $$b"; RECURLEN_BENCH_RESULTS=$(BENCH_RESULTS) $(PY) $$b --quick || exit 1; done
 	$(PY) benchmarks/table.py $(BENCH_RESULTS)
