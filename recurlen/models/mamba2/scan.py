@@ -70,10 +70,13 @@ class _StatePass(torch.autograd.Function):
     def forward(ctx, decay_BcH: torch.Tensor, chunk_states_BcHPN: torch.Tensor,
                 initial_BHPN: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, c, nheads, headdim, d_state = chunk_states_BcHPN.shape
-        states_BcHPN = _d_state_major(chunk_states_BcHPN, (batch, c, nheads, headdim, d_state))
+        # The states in the dtype the update decay * h + chunk_state promotes to: float32 under bf16 autocast
+        # (decay is float32, the chunk states bf16), so the carried state never accumulates in bf16.
+        dtype = torch.result_type(decay_BcH, chunk_states_BcHPN)
+        states_BcHPN = _d_state_major(chunk_states_BcHPN, (batch, c, nheads, headdim, d_state), dtype)
         # The final state in the same layout, so that every update runs on operands of one layout (its
         # own tensor: a (c + 1)-th slot would leave the c entering states without one batch stride).
-        final_BHPN = _d_state_major(chunk_states_BcHPN, (batch, 1, nheads, headdim, d_state))[:, 0]
+        final_BHPN = _d_state_major(chunk_states_BcHPN, (batch, 1, nheads, headdim, d_state), dtype)[:, 0]
         if initial_BHPN is None:
             states_BcHPN[:, 0].zero_()
         else:
@@ -96,7 +99,7 @@ class _StatePass(torch.autograd.Function):
         c = decay_BcH.shape[1]
         # The gradient of the state leaving chunk k is also chunk_state_k's: where it is a sum, the sum
         # is written straight into that slot (in grad_states' layout, the one autograd's sum takes).
-        grad_chunk_states = _d_state_major(states_BcHPN, states_BcHPN.shape)
+        grad_chunk_states = _d_state_major(states_BcHPN, states_BcHPN.shape, states_BcHPN.dtype)
         grad_decay = [torch.zeros_like(decay_BcH[:, 0])] * c
         g = grad_final_BHPN  # None where nothing depends on the state
         if g is not None:
@@ -124,10 +127,10 @@ class _StatePass(torch.autograd.Function):
         return torch.stack(grad_decay, dim=1), grad_chunk_states, g if ctx.has_initial else None
 
 
-def _d_state_major(like: torch.Tensor, shape_BcHPN) -> torch.Tensor:
+def _d_state_major(like: torch.Tensor, shape_BcHPN, dtype: torch.dtype) -> torch.Tensor:
     """An empty (B, c, H, P, N) tensor laid out as (B, c, N, H, P): each chunk's state is a contiguous (N, H*P)."""
     batch, c, nheads, headdim, d_state = shape_BcHPN
-    return like.new_empty(batch, c, d_state, nheads, headdim).permute(0, 1, 3, 4, 2)
+    return like.new_empty(batch, c, d_state, nheads, headdim, dtype=dtype).permute(0, 1, 3, 4, 2)
 
 
 def ssd_chunked(
@@ -181,7 +184,9 @@ def ssd_chunked(
 
     # 3. Pass the state across chunks sequentially: linear in the number of chunks.
     chunk_decay_BcH = torch.exp(Acum_BcHl[..., -1])
-    states_in_BcHPN, state = _StatePass.apply(chunk_decay_BcH, chunk_states_BcHPN, initial_state_BHPN)
+    # The initial state enters in x's dtype (bf16 under autocast), as the chunk states do; the pass promotes.
+    initial_BHPN = None if initial_state_BHPN is None else initial_state_BHPN.to(x.dtype)
+    states_in_BcHPN, state = _StatePass.apply(chunk_decay_BcH, chunk_states_BcHPN, initial_BHPN)
     states_in_BcGRN = states_in_BcHPN.view(batch, c, ngroups, r * headdim, d_state)
 
     # 4. Contribution of the state entering each chunk to the chunk's outputs (C per group again).
