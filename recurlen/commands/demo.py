@@ -382,10 +382,10 @@ def _run_demo(cfg: DemoConfig) -> Path:
     t0 = time.perf_counter()
     load_at_start = _load()
 
-    _prepare_corpus(cfg)  # once, before parallel stages would race to build the same cache
-    # The evaluation's held-out sequences are cut now, before any training: a length or count the held-out
+    # The corpus is prepared once, before parallel stages would race to build the same cache, and the
+    # evaluation's held-out sequences are cut now, before any training: a length or count the held-out
     # documents cannot supply stops the demo here, not after its training stages.
-    eval_sequences = _eval_sequences(cfg)
+    eval_sequences = _prepare_data(cfg)
     progress = _progress(cfg)
     log.info("demo: about %s on %s (the stages' measured costs; the bar rescales them to this machine's speed as "
              "the stages report their steps)", _minutes(progress.first_estimate), REFERENCE.machine)
@@ -534,17 +534,13 @@ def _experiment_cfg(cfg: DemoConfig, experiment: str):
     return load_experiment([f"experiment={experiment}", *cfg.overrides])[0]
 
 
-def _prepare_corpus(cfg: DemoConfig) -> None:
-    from recurlen.training.data.datamodule import RecurlenDataModule
-
-    RecurlenDataModule(_experiment_cfg(cfg, cfg.pretrain_experiment).data).prepare_data()
-
-
-def _eval_sequences(cfg: DemoConfig):
-    """The held-out sequences the evaluation stage reads (eval.num_sequences x eval.length tokens)."""
+def _prepare_data(cfg: DemoConfig):
+    """Builds the corpus cache the stages share; returns the held-out sequences the evaluation stage reads
+    (eval.num_sequences x eval.length tokens)."""
     from recurlen.training.data.datamodule import RecurlenDataModule
 
     dm = RecurlenDataModule(_experiment_cfg(cfg, cfg.pretrain_experiment).data)
+    dm.prepare_data()
     dm.setup("validate")
     try:
         return dm.long_validation_sequences(length=cfg.eval.length, num=cfg.eval.num_sequences)
