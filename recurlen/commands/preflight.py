@@ -131,11 +131,20 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
                                           else ""),
              f"training     {t.max_steps} steps, lr {cfg.optim.lr:g}, {devices}"]
     lines.append(f"memory       {_memory_line(cfg)}")
+    lines.append(f"logs         {_logs_line(t.loggers, run)}")
     task = getattr(cfg, "task", None)  # task experiments only
     if task is not None and task.name:
         lines.append(f"task         {task.name} (train: {str(task.train).lower()}), lengths "
                      f"{list(task.lengths or [])}")
     return [f"recurlen {command}: plan"] + [f"  {line}" for line in lines]
+
+
+def _logs_line(names: list[str], run: RunDir) -> str:
+    """Where the run logs; a chosen logger whose package is missing is the same one line the run would print."""
+    from recurlen.training import loggers
+
+    loggers.check_installed(names)
+    return loggers.describe(names, run)
 
 
 def _memory_line(cfg) -> str:

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from recurlen.models import registry
 from recurlen.models.interface import RecurrentLM
 from recurlen.training import memory
+from recurlen.training.csv_logger import ContinueMetricsFile
 from recurlen.training.data.datamodule import RecurlenDataModule
 from recurlen.training.divergence import SkipBatches, StepHealth, model_default_lr, plan_recovery, with_lr
 from recurlen.training.experiments.compose import resolved_config
@@ -27,13 +28,13 @@ from recurlen.training.experiments.schema import ExperimentConfig
 from recurlen.training.fault_injection import InjectNonFinite
 from recurlen.training.interventions import FittedNoise, build_intervention, fit_noise_stats
 from recurlen.training.lit_module import RecurlenModule
+from recurlen.training.loggers import build_loggers, check_installed
 from recurlen.training.preemption import Preemption
 from recurlen.training.progress_bar import StepProgressBar
 from recurlen.training.resume import decide, record
-from recurlen.training.run_dir import LAST_CHECKPOINT, STEP_CHECKPOINT, TENSORBOARD_DIR, RunDir, load_model
+from recurlen.training.run_dir import LAST_CHECKPOINT, STEP_CHECKPOINT, RunDir, load_model
 from recurlen.util.atomic_files import check_file_size_limit, save_torch, write_json
 from recurlen.util.errors import Interrupted, NonFinite, UserError, user_input
-from recurlen.util.tensorboard import RunTensorBoardLogger
 from recurlen.util.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
     every_val = t.val_every_n_steps if t.val_every_n_steps > 0 else t.max_steps
     every_ckpt = t.checkpoint_every_n_steps if t.checkpoint_every_n_steps > 0 else t.max_steps
     slurm = SLURMEnvironment.detect()
-    callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run),
+    callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run), ContinueMetricsFile(),
                  Preemption(keep_slurm_requeue=slurm and t.slurm_auto_requeue), *extra_callbacks]
     fault = InjectNonFinite.from_env()  # only when a fault test asks for a non-finite value (recurlen.util.faults)
     if fault is not None:
@@ -181,7 +182,7 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
         val_check_interval=min(every_val, t.max_steps) * accum,
         check_val_every_n_epoch=None, limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.progress_bar, deterministic=t.deterministic,
-        logger=RunTensorBoardLogger(save_dir=str(run.path), name=TENSORBOARD_DIR, version="", default_hp_metric=False),
+        logger=build_loggers(t.loggers, run, experiment=cfg.name),
         callbacks=callbacks, plugins=plugins, use_distributed_sampler=False, default_root_dir=str(run.path),
     )
 
@@ -270,6 +271,7 @@ def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | N
     run = RunDir(cfg.resolved_run_dir)
     resolved = resolved_config(cfg)
     check_devices(cfg.trainer)
+    check_installed(cfg.trainer.loggers)
     rank = launch_rank()
     # Before anything is built or written: a second process on this run directory is refused at once.
     with run.writer_lock(enabled=rank == 0) as lock:

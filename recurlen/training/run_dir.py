@@ -10,6 +10,9 @@ Layout of a run directory (`recurlen finetune` writes it; eval, tasks, the demo 
   archive/<time>/               an earlier run of this directory, moved here by resume=archive
   hpc_ckpt_N.ckpt               written by Lightning when SLURM pre-empts the job
   tb/                           TensorBoard event files
+  metrics.csv                   every logged scalar, one row per logging call (step, then the metrics by name);
+                                a resumed run replaces the rows of the steps it trains again
+  wandb/, mlruns/               W&B's offline files and MLflow's local store, when trainer.loggers asks for them
   fitted_noise.pt               fitted-noise statistics (fitted_noise intervention, `recurlen fit-noise`)
   ranks/rank<r>.json            what each rank trained on (lanes, steps, last loss)
   writer.lock, writer.json      while a run writes here: its single-writer lock and who holds it (host, pid, since,
@@ -49,6 +52,9 @@ ARCHIVE_DIR = "archive"
 DAMAGED_SUFFIX = ".damaged"
 FITTED_NOISE_FILE = "fitted_noise.pt"
 TENSORBOARD_DIR = "tb"
+METRICS_FILE = "metrics.csv"
+WANDB_DIR = "wandb"
+MLFLOW_DIR = "mlruns"
 RANKS_DIR = "ranks"
 RESUME_CHOICES = ("auto", "never", "archive")
 """`resume` is one of these or the path of a .ckpt file: auto continues the run in run_dir (if any), never starts
@@ -85,6 +91,10 @@ class RunDir:
     @property
     def tensorboard(self) -> Path:
         return self.path / TENSORBOARD_DIR
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS_FILE
 
     @property
     def history_file(self) -> Path:
@@ -146,8 +156,10 @@ class RunDir:
 
     def run_files(self) -> list[Path]:
         """What an earlier run left in this directory (what resume=never refuses to mix with, and resume=archive
-        moves aside): config, history, checkpoints, TensorBoard logs, rank summaries, fitted noise."""
-        names = (CONFIG_FILE, HISTORY_FILE, CHECKPOINTS_DIR, TENSORBOARD_DIR, RANKS_DIR, FITTED_NOISE_FILE)
+        moves aside): config, history, checkpoints, logs (TensorBoard, metrics.csv, W&B, MLflow), rank summaries,
+        fitted noise."""
+        names = (CONFIG_FILE, HISTORY_FILE, CHECKPOINTS_DIR, TENSORBOARD_DIR, METRICS_FILE, WANDB_DIR, MLFLOW_DIR,
+                 RANKS_DIR, FITTED_NOISE_FILE)
         out = [self.path / n for n in names if (self.path / n).exists()]
         return out + sorted(self.path.glob(PREEMPTION_GLOB))
 

@@ -9,6 +9,7 @@ from recurlen.models import registry
 from recurlen.models.backends import BACKENDS
 from recurlen.training.data.config import DataConfig
 from recurlen.training.interventions import INTERVENTIONS, InterventionConfig
+from recurlen.training.loggers import check_logger_names
 from recurlen.training.optim import OptimConfig
 from recurlen.training.run_dir import RUNS_DIR, check_resume, check_run_name
 
@@ -83,6 +84,10 @@ class TrainerSection:
     """torch.set_num_threads on CPU; None leaves torch's default."""
     progress_bar: bool = True
     """The step progress bar (step n/max, tokens/s)."""
+    loggers: list[str] = field(default_factory=list)
+    """Loggers beside TensorBoard (tb/) and metrics.csv, which every run writes: wandb (offline in the run directory
+    unless WANDB_MODE is set), mlflow (a local store in the run directory unless MLFLOW_TRACKING_URI is set); each
+    needs its package installed. E.g. trainer.loggers=[wandb,mlflow]."""
     slurm_auto_requeue: bool = True
     """Under SLURM, requeue the job on the pre-emption signal; it resumes from last.ckpt."""
     deterministic: bool = False
@@ -101,6 +106,7 @@ class TrainerSection:
         for name in ("val_every_n_steps", "checkpoint_every_n_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0; got {getattr(self, name)}")
+        check_logger_names(self.loggers)
         if self.on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"trainer.on_nonfinite={self.on_nonfinite!r} is unknown; allowed: {list(ON_NONFINITE)}")
         if self.max_rollbacks < 0:
