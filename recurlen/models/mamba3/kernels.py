@@ -1,0 +1,94 @@
+"""Optional kernel: mamba-ssm's Triton Mamba-3 SISO scan (`mamba3_siso_combined`), with the state in and out.
+
+Nothing here is imported at module load time: importing any `mamba_ssm` submodule runs the package `__init__`,
+which loads Mamba-1's CUDA extension. The import happens inside a function, the first time the kernel backend is
+asked for; a build without the CUDA extensions (`MAMBA_SKIP_CUDA_BUILD=TRUE`) has a package `__init__` that fails,
+so the Triton module is then imported without running it.
+
+The kernel computes in bfloat16 where mamba-ssm chose to: it casts q, k, v, the trapezoid's weight, the angles and
+z to bf16 (dt, A dt, the biases, D and the states stay float32), so on CUDA its outputs agree with the float32
+PyTorch path to bf16 precision, not float32's.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import sys
+import types
+
+import torch
+
+from recurlen.models.backends import KernelPath
+from recurlen.models.mamba3.scan import Mamba3Parts
+
+log = logging.getLogger(__name__)
+
+INSTALL_CUDA = "pip install 'recurlen[cuda]' (on a CUDA machine; make install EXTRAS=dev,cuda TORCH_CPU=torch)"
+INSTALL_TRITON_ONLY = ("MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip install --no-build-isolation --no-deps "
+                       "mamba-ssm einops triton")
+MODULE = "mamba_ssm.ops.triton.mamba3.mamba3_siso_combined"
+
+
+def _import_siso():
+    return importlib.import_module(MODULE).mamba3_siso_combined
+
+
+@functools.lru_cache(maxsize=1)
+def _mamba3_kernel():
+    try:
+        return _import_siso(), None
+    except Exception as err:  # ImportError, or a CUDA extension that fails to load
+        first = f"{type(err).__name__}: {err}"
+    if "mamba_ssm" in sys.modules or importlib.util.find_spec("mamba_ssm") is None:
+        return None, first  # the package imported (the failure is the kernel's), or it is not installed
+    spec = importlib.util.find_spec("mamba_ssm")
+    package = types.ModuleType("mamba_ssm")  # an empty package in place of its __init__
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    sys.modules["mamba_ssm"] = package
+    try:
+        fn = _import_siso()
+    except Exception as err:
+        sys.modules.pop("mamba_ssm", None)
+        return None, f"{first}; without the package __init__: {type(err).__name__}: {err}"
+    log.info("mamba-ssm's package __init__ failed (%s); using its Triton Mamba-3 kernel without it", first)
+    return fn, None
+
+
+# `load` looks the importer up at call time (tests replace it).
+KERNELS = KernelPath(what="mamba-ssm's Triton Mamba-3 kernel", load=lambda: _mamba3_kernel(), install_cuda=INSTALL_CUDA,
+                     install_cpu=f"make test-kernels (pip install 'recurlen[kernels-cpu]' then {INSTALL_TRITON_ONLY})")
+
+
+def siso_kernel(
+    q_BLGN: torch.Tensor,
+    k_BLGN: torch.Tensor,
+    v_BLHP: torch.Tensor,
+    adt_BLH: torch.Tensor,
+    dt_BLH: torch.Tensor,
+    trap_BLH: torch.Tensor,
+    angles_BLHS: torch.Tensor,
+    q_bias_HN: torch.Tensor,
+    k_bias_HN: torch.Tensor,
+    *,
+    D: torch.Tensor,
+    z: torch.Tensor | None,
+    chunk_size: int,
+    initial: Mamba3Parts,
+) -> tuple[torch.Tensor, Mamba3Parts]:
+    """mamba3_chunked's inputs -> y with the D skip and silu(z) (when z is given), and the final state (ssm, angle,
+    k, v) in float32. trap and angles are raw, as for the PyTorch path."""
+    fn, _ = _mamba3_kernel()
+    ssm, angle, k, v = initial
+    z_BLHP = None if z is None else z.unflatten(-1, v_BLHP.shape[-2:])
+    y, angle, ssm, k, v = fn(
+        q_BLGN, k_BLGN, v_BLHP, adt_BLH.transpose(1, 2).float(), dt_BLH.transpose(1, 2).float(),
+        trap_BLH.transpose(1, 2), q_bias_HN.float(), k_bias_HN.float(), angles_BLHS.float(), D=D.float(), Z=z_BLHP,
+        Input_States=(angle.float(), ssm.float(), k.float(), v.float()), chunk_size=chunk_size,
+        return_final_states=True)
+    return y, (ssm.float(), angle.float(), k.float(), v.float())
+
+
+__all__ = ["KERNELS", "siso_kernel"]
