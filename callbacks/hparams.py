@@ -1,10 +1,11 @@
 """The run's row in TensorBoard's HParams tab: its settings next to the diagnostics' headline numbers.
 
 After the first real validation (when the diagnostics have named their tags), rank 0 writes the run's
-settings (model, intervention, lr, steps, T, reset_prob, ...) with the metric tags of the diagnostics. The
-columns that answer "does it length-generalize" come first: full - reset in [4T,8T), [8T,16T), [16T,32T), then
-the in-context loss in [0,T), then the rest (full - reset nearer T, EffRem at fractions of T, val/loss); at
-1600 px TensorBoard shows the first few metric columns next to the settings and the rest off-screen.
+settings (run, intervention, T, data and held-out sequences, model, lr, steps, reset_prob, ...) with the metric
+tags of the diagnostics. The columns that answer "does it length-generalize" come first: full - reset in
+[4T,8T), [8T,16T), [16T,32T), then the in-context loss in [0,T), then the rest (full - reset nearer T, EffRem at
+fractions of T, val/loss); at 1600 px TensorBoard shows the first few metric columns next to the settings and the
+rest off-screen.
 TensorBoard shows each metric's latest value, so with `--logdir runs` the HParams tab is a table of all runs,
 sortable and filterable by intervention.
 
@@ -43,13 +44,17 @@ def column_order(tags: Sequence[str]) -> list[str]:
 
 
 def heading(tag: str) -> str:
-    """A short column heading: 'full - reset [4T,8T)' for 'val/full_minus_reset@[04T,08T)'; other tags as they are.
+    """A short column heading: 'val full - reset [4T,8T)' for 'val/full_minus_reset@[04T,08T)'; other tags as they
+    are.
 
-    TensorBoard sizes a column by its heading, and the tags' long forms pushed the columns past T off-screen."""
+    TensorBoard sizes a column by its heading, and the tags' long forms pushed the columns past T off-screen. The
+    'val' says where the number comes from: the training-time validation on the run's own held-out sequences (the
+    row's `data` column), which are not the sequences `recurlen eval` and the demo's report measure (a report's
+    number and this column can differ: docs/dashboards.md)."""
     m = _BIN_TAG.match(tag)
     if m is None or m["kind"] not in HEADINGS:
         return tag
-    return f"{HEADINGS[m['kind']]} {plain_bin(m['bin'])}"
+    return f"{m['prefix']} {HEADINGS[m['kind']]} {plain_bin(m['bin'])}"
 
 
 class HParamsTable(pl.Callback):

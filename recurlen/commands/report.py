@@ -44,6 +44,13 @@ USES_CONTEXT_REL = 0.1
 """A run uses its context if its loss in [T,2T) is at least this fraction below the unigram loss."""
 
 
+SOURCE_NOTE = ("Every number below comes from this evaluation (results.json). TensorBoard's `val` columns and "
+               "charts are the training runs' own validation, on their data.val_sequences held-out sequences (the "
+               "HParams `data` column): other or fewer sequences, so their values differ from these "
+               "(docs/dashboards.md).")
+"""Where the report's numbers come from, said next to them: a reader comparing them with TensorBoard's."""
+
+
 SHOWN_DECIMALS = 3
 """Numbers in report.md have 3 decimals; verdicts and checks compare those shown values."""
 CHECK_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt,
@@ -218,7 +225,7 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
         lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M')}. Training context T = {T}; evaluated to L = {L} "
                   f"tokens ({(L or 0) // max(T or 1, 1)}T) on "
                   f"{(runs[0].get('positionwise') or {}).get('num_sequences', '?')} held-out sequences from a zero "
-                  "initial state.", ""]
+                  "initial state.", "", SOURCE_NOTE, ""]
     else:
         lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M')}.", ""]
     lines += list(notes) + ([""] if notes else [])

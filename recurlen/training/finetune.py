@@ -249,14 +249,24 @@ def diagnostics_callbacks(cfg: ExperimentConfig, datamodule: L.LightningDataModu
 
 
 def hparams_row(cfg: ExperimentConfig) -> dict[str, object]:
-    """What tells runs apart in TensorBoard's HParams table: the intervention, and the rest of the setup in one
-    column. TensorBoard shows up to five settings columns of 10em each before the metrics; with one column per
-    setting the full - reset columns started past 1600 px, with two they are in view."""
+    """What tells runs apart in TensorBoard's HParams table: the run (TensorBoard's own run column cuts a long
+    path), the intervention, T, the data with the held-out sequences the metric columns are measured on (the
+    training-time validation: `recurlen eval` / the demo's report measure their own), and the rest of the setup
+    in one column. TensorBoard shows up to five settings columns of 10em each before the metrics; with one column
+    per setting the full - reset columns started past 1600 px, with five they are in view."""
+    from pathlib import PurePath
+
     iv = cfg.intervention
     reset = iv.reset_prob if iv.name in ("state_passing", "tbptt") else 0.0
-    setup = (f"{cfg.trainer.max_steps} steps, lr {cfg.optim.lr:g}, T {cfg.data.seq_len}, {cfg.model.name}"
+    run = PurePath(cfg.resolved_run_dir)
+    run = run.relative_to("runs") if run.parts[:1] == ("runs",) else PurePath(*run.parts[-2:])
+    d = cfg.data
+    held_out = min(d.val_sequences, cfg.diagnostics.num_sequences or d.val_sequences)
+    source = d.source if d.source == "embedded" or d.source.startswith("hf:") else PurePath(d.source).name
+    setup = (f"{cfg.trainer.max_steps} steps, lr {cfg.optim.lr:g}, {cfg.model.name}"
              + (f", reset_prob {reset:g}" if reset else "") + f", {cfg.name}")
-    return {"intervention": iv.name, "setup": setup}
+    return {"run": run.as_posix(), "intervention": iv.name, "T": d.seq_len,
+            "data": f"{source}, val {held_out} x {d.long_val_length} ({d.val_mode})", "setup": setup}
 
 
 def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | None = None,

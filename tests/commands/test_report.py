@@ -59,6 +59,8 @@ def test_report_says_plainly_what_missed(tmp_path):
     text = write_report([results.parent], out_dir=tmp_path / "out", checks=demo_checks).read_text()
     assert "| baseline fails: full - reset >= +0.3 in [8T,16T) | +0.200 | MISS |" in text
     assert "**2 of 3 checks passed.** Missed: baseline fails" in text
+    # Where its numbers come from, against TensorBoard's training-time validation ('val' columns).
+    assert "Every number below comes from this evaluation (results.json). TensorBoard's `val` columns" in text
     merged = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["label"] for r in merged["runs"]] == ["base", "tbptt"] and merged["tasks"] == []
 

@@ -78,18 +78,24 @@ def test_hparams_row_and_one_chart_per_bin(runs):
     data = {tag: plugin_data_pb2.HParamsPluginData.FromString(content)
             for tag, content in acc.PluginTagToContent("hparams").items()}
     start = data["_hparams_/session_start_info"].session_start_info
-    # Two settings columns (TensorBoard shows up to five, 10em each, before any metric): the full - reset
-    # columns below start within 1600 px.
-    assert set(start.hparams) == {"intervention", "setup"}
+    # Five settings columns (TensorBoard shows up to five, 10em each, before any metric): the full - reset
+    # columns below start within 1600 px. The run's name (TensorBoard's run column cuts a long path), T, and the
+    # data with the held-out sequences the metric columns were measured on each have a column.
+    columns = [h.name for h in data["_hparams_/experiment"].experiment.hparam_infos]
+    assert columns == ["run", "intervention", "T", "data", "setup"]
+    assert start.hparams["run"].string_value == f"{root.name}/tbptt"
     assert start.hparams["intervention"].string_value == "tbptt"
-    assert start.hparams["setup"].string_value == f"3 steps, lr 0.001, T {T}, nano, {cfgs['tbptt'].name}"
+    assert start.hparams["T"].number_value == T
+    assert start.hparams["data"].string_value == f"embedded, val 2 x {L} (first)"
+    assert start.hparams["setup"].string_value == f"3 steps, lr 0.001, nano, {cfgs['tbptt'].name}"
     infos = data["_hparams_/experiment"].experiment.metric_infos
     metrics = [m.name.tag for m in infos]
     # The columns that say whether the run length-generalizes lead (visible at 1600 px next to the settings).
     assert metrics[:4] == ["val/full_minus_reset@[04T,08T)", "val/full_minus_reset@[08T,16T)",
                            "val/full_minus_reset@[16T,32T)", "val/loss@[00,01T)"]
-    assert [m.display_name for m in infos[:4]] == ["full - reset [4T,8T)", "full - reset [8T,16T)",
-                                                   "full - reset [16T,32T)", "loss [0,T)"]
+    # 'val': the training-time validation's numbers, not those of `recurlen eval` or a report.
+    assert [m.display_name for m in infos[:4]] == ["val full - reset [4T,8T)", "val full - reset [8T,16T)",
+                                                   "val full - reset [16T,32T)", "val loss [0,T)"]
     assert set(metrics) >= {f"val/full_minus_reset@{b}" for b in BINS[1:]} | {"val/effrem@t=0.500T", "val/loss"}
     assert len(list((root / "tbptt" / "tb").glob(f"*{HPARAMS_SUFFIX}"))) == 1
 
@@ -111,7 +117,7 @@ def test_column_order_and_headings():
                                   "val/full_minus_reset@[16T,32T)", "val/loss@[00,01T)",
                                   "val/full_minus_reset@[01T,02T)", "val/full_minus_reset@[02T,04T)",
                                   "val/effrem@t=0.500T", "val/loss"]
-    assert heading("val/full_minus_reset@[01T,02T)") == "full - reset [T,2T)"
+    assert heading("val/full_minus_reset@[01T,02T)") == "val full - reset [T,2T)"
     assert heading("val/effrem@t=0.500T") == "val/effrem@t=0.500T"
     # Bins in tokens (bins="log") are no multiples of T: the order is left as it is.
     assert column_order(["val/loss@[0000,0032)", "val/full_minus_reset@[0512,1024)"]) == \
@@ -128,7 +134,7 @@ def test_a_resume_rewrites_the_row_with_the_settings_it_runs_with(tmp_path, expe
         # TensorBoard's own reader keeps the first hparams summary of a run: what the HParams tab shows.
         content = events(tmp_path / "run").PluginTagToContent("hparams")["_hparams_/session_start_info"]
         start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
-        return start.hparams["setup"].string_value.split(", T ")[0]
+        return ", ".join(start.hparams["setup"].string_value.split(", ")[:2])
 
     run_finetune(experiment(tmp_path / "run", *args, "trainer.max_steps=3"))
     assert row_in_tensorboard() == "3 steps, lr 0.001"
@@ -139,7 +145,7 @@ def test_a_resume_rewrites_the_row_with_the_settings_it_runs_with(tmp_path, expe
                             "trainer.val_every_n_steps=3"))
     assert row_in_tensorboard() == "4 steps, lr 0.0005"
     hparams, again = read_hparams(log_dir)
-    assert hparams["setup"].startswith("4 steps, lr 0.0005, T ") and again == columns
+    assert hparams["setup"].startswith("4 steps, lr 0.0005, ") and hparams["T"] == T and again == columns
     assert len(list(log_dir.glob(f"*{HPARAMS_SUFFIX}"))) == 1
 
 
@@ -181,9 +187,10 @@ def test_tensorboard_server_serves_the_runs_and_the_hparams_table(runs):
             time.sleep(1)
         assert "val/full_minus_reset@[16T,32T)" in tags["tbptt/tb"]
         experiment = get("/data/plugin/hparams/experiment", {"experimentName": ""})
-        assert [h["name"] for h in experiment["hparamInfos"]] == ["intervention", "setup"]
+        # TensorBoard's server orders the settings columns itself (by name).
+        assert sorted(h["name"] for h in experiment["hparamInfos"]) == ["T", "data", "intervention", "run", "setup"]
         assert [m["displayName"] for m in experiment["metricInfos"][:4]] == [
-            "full - reset [4T,8T)", "full - reset [8T,16T)", "full - reset [16T,32T)", "loss [0,T)"]
+            "val full - reset [4T,8T)", "val full - reset [8T,16T)", "val full - reset [16T,32T)", "val loss [0,T)"]
         groups = get("/data/plugin/hparams/session_groups", {
             "experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
                                                       "STATUS_RUNNING"],
