@@ -9,10 +9,21 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["Mamba2Config", "Mamba2LM", "RecurrentState", "preset"]
-__version__ = "0.1.0"
+
+
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml's `version`, the one place it is written."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("recurlen")
+    except PackageNotFoundError:  # a source tree put on the path without installing it
+        return "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
     if name in __all__:
         from recurlen.models import registry
 

@@ -2,26 +2,38 @@
 install finds its experiments without a source checkout or a particular directory."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
+from email import message_from_string
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import yaml
+
+from recurlen.models import registry
 
 REPO = Path(__file__).resolve().parents[1]
 PIP = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The wheel `pip wheel` builds from a copy of the checkout (a build/ left in the checkout by an earlier
-    build would otherwise bring files that no longer exist into it)."""
-    root = tmp_path_factory.mktemp("wheel")
+def _copy_checkout(root: Path) -> Path:
+    """A copy of the checkout to build from (a build/ left in the checkout by an earlier build would otherwise
+    bring files that no longer exist into it)."""
     source = root / "source"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__", ".cache", ".*_cache", "lightning_logs"))
+    return source
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel `pip wheel` builds from a copy of the checkout."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = _copy_checkout(root)
     subprocess.run([*PIP, "wheel", str(source), "--no-deps", "--no-build-isolation", "-w", str(root / "wheels")],
                    check=True, cwd=root, capture_output=True)
     (found,) = (root / "wheels").glob("recurlen-*.whl")
@@ -65,3 +77,53 @@ def test_installed_wheel_finds_its_experiments(tmp_path, wheel):
     assert out[0] == str(target / "recurlen" / "__init__.py")
     assert out[1] == str(target / "recurlen" / "experiments")
     assert float(out[2]) == 5e-4  # demo-posttrain's own value, on top of what it inherits
+
+
+def _pyproject(key: str) -> str:
+    return re.search(rf'^{key} = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+
+
+def test_version_is_the_package_metadata_everywhere(tmp_path):
+    import recurlen
+
+    expected = version("recurlen")
+    assert expected == _pyproject("version") and recurlen.__version__ == expected
+    script = Path(sys.executable).parent / "recurlen"
+    for command in ([str(script), "--version"], [sys.executable, "-m", "recurlen", "--version"],
+                    [sys.executable, "-m", "recurlen", "-V"]):
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+        assert (done.returncode, done.stdout, done.stderr) == (0, f"recurlen {expected}\n", ""), command
+
+
+@pytest.fixture(scope="module")
+def metadata(tmp_path_factory) -> tuple[str, str]:
+    """(METADATA, what the build backend printed) for a copy of the checkout, as a build front end asks for it."""
+    root = tmp_path_factory.mktemp("metadata")
+    source = _copy_checkout(root)
+    code = (f"from setuptools import build_meta; print(build_meta.prepare_metadata_for_build_wheel({str(root)!r}))")
+    done = subprocess.run([sys.executable, "-W", "default", "-c", code], cwd=source, capture_output=True, text=True,
+                          check=True)
+    info = done.stdout.strip().splitlines()[-1]
+    return (root / info / "METADATA").read_text(), done.stdout + done.stderr
+
+
+def test_metadata_has_the_license_and_every_architecture_without_a_deprecation_warning(metadata):
+    text, printed = metadata
+    assert "Deprecation" not in printed and "deprecated" not in printed, printed
+    meta = message_from_string(text)
+    assert meta["License-Expression"] == "Apache-2.0" and meta.get_all("License-File") == ["LICENSE"]
+    assert meta["Requires-Python"] == ">=3.10" and meta["Version"] == version("recurlen")
+    own = [a.title for a in registry.architectures().values() if a.model_cls.__module__.startswith("recurlen.")]
+    assert len(own) >= 4 and [t for t in own if t not in meta["Summary"]] == [], meta["Summary"]
+    assert (REPO / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
+
+
+def test_citation_names_this_version_and_the_paper():
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["type"] == "software"
+    assert cff["version"] == version("recurlen") and cff["license"] == _pyproject("license")
+    paper = cff["preferred-citation"]
+    assert paper["title"] == "Understanding and Improving Length Generalization in Recurrent Models"
+    assert [a["family-names"] for a in paper["authors"]] == ["Buitrago Ruiz", "Gu"] and paper["year"] == 2025
+    assert paper["doi"] == "10.48550/arXiv.2507.02782" and "2507.02782" in (REPO / "README.md").read_text()
+    assert "ICML 2025" in paper["conference"]["name"]

@@ -405,7 +405,7 @@ def overview() -> str:
     lines = ["usage: recurlen COMMAND [KEY=VALUE ...] [--help] [--dry-run] [--debug]", "",
              __doc__.strip().split("\n\n")[1], "", "commands:"]
     lines += [f"  {name:10s} {c.summary}" for name, c in COMMANDS.items()]
-    lines += ["", "`recurlen COMMAND --help` lists what a command accepts."]
+    lines += ["", "`recurlen COMMAND --help` lists what a command accepts; `recurlen --version` prints the version."]
     return "\n".join(lines) + "\n"
 
 
@@ -413,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         _out(overview())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from recurlen import __version__
+
+        _out(f"recurlen {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

@@ -73,6 +73,10 @@ def build_loggers(names: list[str], run: RunDir, *, experiment: str) -> list[Any
     if "mlflow" in names:
         from lightning.pytorch.loggers import MLFlowLogger
 
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            # MLflow 3 refuses its file store unless told it is wanted: a folder of the run directory is the store
+            # that needs no server and no database package (`mlflow ui --backend-store-uri RUN/mlruns` shows it).
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         loggers.append(MLFlowLogger(experiment_name=experiment or "recurlen", run_name=label,
                                     tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
                                     save_dir=str((run.path / MLFLOW_DIR).resolve())))
