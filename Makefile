@@ -27,20 +27,33 @@ NODES ?=
 STRATEGY ?=
 RUN ?=
 ARCH ?=
-RUNS ?= runs/demo/pretrain runs/demo/post/none runs/demo/post/state_passing runs/demo/post/tbptt
+RUNS ?=
 QUICK ?=
 OUT ?= runs/eval
 FORMAT ?= official
 ARGS ?=
 
-# MODEL=tiny post-trains the demo's pre-trained base (what `make demo` writes) with the demo's post-training
-# recipe (experiments/demo-posttrain.yaml: T = 32, lr 5e-4) into runs/finetune/tiny-INTERVENTION; before `make demo`
-# there is no pre-trained tiny model, and the run trains one from scratch (its plan and log say so).
-DEMO_BASE := runs/demo/pretrain/checkpoints/last.ckpt
-TINY_BASE := $(if $(filter tiny,$(MODEL)),$(wildcard $(DEMO_BASE)))
+# The demo whose runs the next steps use: one that finished (its report.md written after every stage), the full
+# demo's runs/demo first (its base is the better trained: 2000 steps against the quick demo's 600), else the quick
+# demo's runs/demo-quick, else none. A demo stopped half-way is not used.
+DEMO_ROOTS ?= runs/demo runs/demo-quick
+FINISHED_DEMOS := $(foreach d,$(DEMO_ROOTS),$(if $(wildcard $(d)/report.md),$(if \
+	$(wildcard $(d)/pretrain/checkpoints/last.ckpt),$(d))))
+DEMO_ROOT := $(firstword $(FINISHED_DEMOS))
+DEMO_NOTE := $(if $(DEMO_ROOT),the $(DEMO_ROOT) demo's$(if $(word 2,$(FINISHED_DEMOS)), (the full demo's first; \
+	$(word 2,$(FINISHED_DEMOS)) is not used)))
+# MODEL=tiny post-trains that demo's pre-trained base with the demo's post-training recipe
+# (experiments/demo-posttrain.yaml: T = 32, lr 5e-4) into runs/finetune/tiny-<demo>-INTERVENTION (its own run
+# directory per base: a run of one base never resumes from another's); before any demo there is no pre-trained
+# tiny model, and the run trains one from scratch in runs/finetune/tiny-INTERVENTION (its plan and log say so).
+DEMO_BASE := $(if $(DEMO_ROOT),$(DEMO_ROOT)/pretrain/checkpoints/last.ckpt)
+TINY_BASE := $(if $(filter tiny,$(MODEL)),$(DEMO_BASE))
+# make eval without RUNS=: that demo's base and its none / state_passing / tbptt runs (both demos have them).
+DEMO_EVAL_RUNS := $(if $(DEMO_ROOT),$(DEMO_ROOT)/pretrain $(addprefix $(DEMO_ROOT)/post/,none state_passing tbptt))
 # make finetune VAR=... -> recurlen finetune overrides (only the ones given).
 FINETUNE_ARGS := $(if $(TINY_BASE),experiment=demo-posttrain model.pretrained=$(TINY_BASE) \
-	$(if $(RUN),,run_dir=runs/finetune/tiny-$(INTERVENTION)),model=$(MODEL)) intervention=$(INTERVENTION) \
+	$(if $(RUN),,run_dir=runs/finetune/tiny-$(notdir $(DEMO_ROOT))-$(INTERVENTION)),model=$(MODEL)) \
+	intervention=$(INTERVENTION) \
 	$(if $(DATA),data=$(DATA)) $(if $(STEPS),trainer.max_steps=$(STEPS)) \
 	$(if $(GPUS),trainer.accelerator=gpu trainer.devices=$(GPUS)) $(if $(NODES),trainer.num_nodes=$(NODES)) \
 	$(if $(or $(GPUS),$(NODES)),trainer.strategy=$(or $(STRATEGY),ddp)) $(if $(RUN),run_dir=$(RUN)) $(ARGS)
@@ -88,15 +101,19 @@ lint: $(STAMP) ## ruff over the whole project
 	$(PY) -m ruff check recurlen callbacks tests benchmarks
 
 finetune: $(STAMP) ## post-train: MODEL= INTERVENTION= [DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS=] (tiny: the demo's base)
-	$(if $(filter tiny,$(MODEL)),@echo "make finetune: $(if $(TINY_BASE),post-training the demo's pre-trained base \
-	$(TINY_BASE),no pre-trained tiny model yet ($(DEMO_BASE) is written by make demo): training one from scratch)")
+	$(if $(filter tiny,$(MODEL)),@echo "make finetune: $(if $(TINY_BASE),post-training $(DEMO_NOTE) pre-trained \
+	base $(TINY_BASE),no finished demo yet (make demo writes runs/demo, make demo QUICK=1 runs/demo-quick): \
+	training a tiny model from scratch)")
 	$(PY) -m recurlen finetune $(FINETUNE_ARGS)
 
 fit-noise: $(STAMP) ## fit fitted-noise statistics: MODEL= [DATA= ARGS=]
 	$(PY) -m recurlen fit-noise model=$(MODEL) intervention=fitted_noise $(if $(DATA),data=$(DATA)) $(ARGS)
 
-eval: $(STAMP) ## evaluate RUNS="dir dir ..." to OUT= (position-wise, reset control, state norms, EffRem)
-	$(PY) -m recurlen eval $(RUNS) --out $(OUT) $(ARGS)
+eval: $(STAMP) ## evaluate RUNS="dir dir ..." (default: the demo's runs, runs/demo or runs/demo-quick) to OUT= (position-wise, reset control, state norms, EffRem)
+	$(if $(RUNS),,$(if $(DEMO_ROOT),@echo "make eval: $(DEMO_NOTE) runs: $(DEMO_EVAL_RUNS)",\
+	@echo "make eval: no demo runs to evaluate (make demo writes runs/demo, make demo QUICK=1 runs/demo-quick); \
+	run one, or name runs with RUNS='dir dir ...'" >&2; exit 2))
+	$(PY) -m recurlen eval $(or $(RUNS),$(DEMO_EVAL_RUNS)) --out $(OUT) $(ARGS)
 	$(PY) -m recurlen report $(OUT) --out $(OUT)
 
 export: $(STAMP) ## export RUN= (a run or .ckpt) as FORMAT=official|transformers + model card to exports/<run>-FORMAT [ARGS=]

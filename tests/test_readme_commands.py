@@ -160,9 +160,12 @@ def uncovered_targets() -> list[str]:
     return [t for t in TARGETS if t not in covered]
 
 
-def make_commands(words: list[str]) -> list[list[str]]:
-    """The shell commands `make -n` would run for a make line, each split into words."""
-    proc = subprocess.run(["make", "-n", *words], cwd=ROOT, capture_output=True, text=True, timeout=60)
+def make_commands(words: list[str], world: Path | None = None) -> list[list[str]]:
+    """The shell commands `make -n` would run for a make line, each split into words. With a world, the demos
+    whose runs `make finetune MODEL=tiny` and `make eval` pick are looked for there (DEMO_ROOTS), not in the
+    checkout's runs/."""
+    roots = [f"DEMO_ROOTS={world / 'runs' / 'demo'} {world / 'runs' / 'demo-quick'}"] if world is not None else []
+    proc = subprocess.run(["make", "-n", *words, *roots], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"make -n {' '.join(words)}: {proc.stderr}"
     joined = re.sub(r"\\\n\s*", " ", proc.stdout)  # a recipe line continued with a backslash is one command
     return [shlex.split(line) for line in joined.splitlines()
@@ -436,7 +439,7 @@ def run_sbatch(words: list[str], env_prefix: dict[str, str]) -> str:
 def run_make(words: list[str], world: Path, checks: Checks, real: list[str] | None) -> str:
     target = target_of(words)
     how = set()
-    for raw in make_commands(words):
+    for raw in make_commands(words, world):
         env, cmd = split_env(raw)
         if "-m" in cmd and cmd[cmd.index("-m") + 1] == "recurlen":
             argv = cmd[cmd.index("-m") + 2:]

@@ -114,6 +114,14 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
         elif run.run_files() and cfg.resume == "never":
             resume = "will be refused: run_dir holds a run; resume=archive moves it aside"
     elif cfg.resume == "auto":
+        # What the run refuses once it has built the model and read the checkpoint (another model, intervention,
+        # data: a run directory of an earlier run), the dry run refuses now, from the run's config.yaml.
+        from recurlen.training.experiments.compose import resolved_config
+        from recurlen.training.resume import resume_refusal
+
+        refusal = resume_refusal(run, resolved_config(cfg))
+        if refusal is not None:
+            raise UserError(refusal)
         resume = f"resumes from the furthest-trained intact checkpoint: {ckpt} (the next one if it is damaged)"
     else:
         resume = f"from {cfg.resume}"

@@ -238,6 +238,20 @@ def _new_run_hint(run: RunDir) -> str:
             f"{run.path} to {run.archive}/<time>/)")
 
 
+def _fixed_refusal(run: RunDir, fixed: list[Difference]) -> str:
+    return (f"{run.path} holds a run whose fixed settings differ from those asked for: "
+            f"{'; '.join(map(str, fixed))}; resuming would mix two runs; {_new_run_hint(run)}")
+
+
+def resume_refusal(run: RunDir, requested: dict) -> str | None:
+    """Why resume=auto would refuse to continue the run in run_dir with the settings `requested` (its config.yaml
+    records other fixed settings: another model, intervention, data, ...); None when it would not. A dry run asks
+    this, so that it refuses what the run would refuse once it has built the model and read the checkpoint."""
+    old = run.read_config()
+    fixed = config_differences(old, requested)[0] if old else []
+    return _fixed_refusal(run, fixed) if fixed else None
+
+
 def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *, max_steps: int,
            rank: int = 0) -> Decision:
     """Decide how this invocation uses run_dir (see the module docstring). Only rank 0 moves files: the other
@@ -286,8 +300,7 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
                         f"for: {'; '.join(map(str, fixed))}; resuming it would mix two runs; keep its settings to "
                         f"continue it, or leave out resume= to start a new run in {run.path}")
     if fixed:
-        raise UserError(f"{run.path} holds a run whose fixed settings differ from those asked for: "
-                        f"{'; '.join(map(str, fixed))}; resuming would mix two runs; {_new_run_hint(run)}")
+        raise UserError(_fixed_refusal(run, fixed))
     step = int(ckpt["global_step"])
     revalidate_pending(ckpt, due=validation_due(step, requested, max_steps=max_steps))
     decision = Decision(checkpoint=str(chosen), loaded=ckpt, step=step, changed=changed, moved_aside=moved,
@@ -447,5 +460,5 @@ def record(run: RunDir, resolved: dict, decision: Decision, *, note: dict | None
 
 
 __all__ = ["CHANGEABLE", "FIXED", "Damaged", "Decision", "Difference", "ModelMismatch", "config_differences",
-           "decide", "kind_of", "move_aside", "newest_finite_checkpoint", "record", "revalidate_pending",
-           "validate_checkpoint", "validation_due"]
+           "decide", "kind_of", "move_aside", "newest_finite_checkpoint", "record", "resume_refusal",
+           "revalidate_pending", "validate_checkpoint", "validation_due"]
