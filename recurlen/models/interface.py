@@ -22,7 +22,8 @@ recurlen.models.lm.StatefulLM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -72,6 +73,10 @@ class Architecture:
     demo_cost: float = 1.0
     """Its CPU demo's wall time relative to Mamba-2's on the same machine (`make demo ARCH=name`): the demo bar's
     first estimate only, replaced by the speed measured as the demo runs."""
+    variants: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    """Config fields that give its state or scan a shape its nano model lacks (Mamba-2's grouped B and C, GLA's
+    short convolutions, whose windows join the state): the shared tests check each on top of the nano model, so
+    that a shape no CPU preset has is covered too. Empty where the nano model has every shape."""
 
     @property
     def config_cls(self) -> type:

@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from recurlen.commands.demo import load_demo_config
-from recurlen.training.experiments.compose import experiments_dir
+from recurlen.commands.demo import demo_architectures, load_demo_config
+from recurlen.models import registry
+from recurlen.training.experiments import compose as composition
+from recurlen.training.experiments.compose import experiments_dir, load_experiment
 
 QUICK = ["pretrain_steps=6", "posttrain_steps=3", "interventions=[none,state_passing,tbptt]",
          "overrides=[data.max_documents=60,data.val_length=128,data.val_sequences=2,"
@@ -222,46 +225,70 @@ def test_report_states_the_steps_its_checkpoints_hold(tmp_path):
 # ---- one demo per architecture ----
 
 
-@pytest.mark.parametrize("arch,root,pretrain,model", [
-    ("mamba2", "runs/demo", "demo-pretrain", "Mamba-2 (d_model 128"),
-    ("mamba1", "runs/demo-mamba1", "demo-mamba1-pretrain", "Mamba-1 (d_model 128"),
-    ("gla", "runs/demo-gla", "demo-gla-pretrain", "GLA (hidden 128"),
-])
-def test_demo_arch_picks_its_experiments_run_root_and_model(arch, root, pretrain, model):
+DEMOS = demo_architectures()
+"""The architectures with a demo (both demo experiments in experiments/): Mamba-2's and each one's that has them."""
+
+
+def test_every_architecture_with_both_demo_experiments_has_a_demo():
+    root = experiments_dir()
+    names = {a: "demo" if a == registry.DEFAULT else f"demo-{a}" for a in registry.architectures()}
+    with_files = [a for a, name in names.items()
+                  if (root / f"{name}-pretrain.yaml").is_file() and (root / f"{name}-posttrain.yaml").is_file()]
+    assert with_files == DEMOS
+    assert registry.DEFAULT in DEMOS
+
+
+@pytest.mark.parametrize("arch", DEMOS)
+def test_demo_arch_picks_its_experiments_run_root_and_model(arch):
     from recurlen.commands.demo import demo_plan
 
+    # Mamba-2's demo keeps its original names; every other architecture's are suffixed with its name.
+    suffix = "" if arch == registry.DEFAULT else f"-{arch}"
+    root, pretrain = f"runs/demo{suffix}", f"demo{suffix}-pretrain"
     cfg = load_demo_config([f"arch={arch}"])
     assert (cfg.run_root, cfg.pretrain_experiment) == (root, pretrain)
     assert cfg.posttrain_experiment == pretrain.replace("pretrain", "posttrain")
     plan = "\n".join(demo_plan(cfg))
-    assert model in plan and f"{root}/pretrain" in plan
+    model = load_experiment([f"experiment={pretrain}"])[0].model  # the model the pre-training trains
+    assert model.architecture == arch
+    assert registry.get(arch).describe(model.config) in plan and f"{root}/pretrain" in plan
     # What the user states wins over the arch's defaults.
     assert load_demo_config([f"arch={arch}", "run_root=elsewhere"]).run_root == "elsewhere"
 
 
 def test_unknown_demo_arch_names_the_allowed_ones():
-    allowed = r"\['mamba2', 'mamba1', 'gla', 'rwkv6'\]"
-    with pytest.raises(ValueError, match=rf"demo arch='mamba3' has no demo; allowed: {allowed}"):
-        load_demo_config(["arch=mamba3"])
+    with pytest.raises(ValueError, match=rf"^demo arch='nosuch' has no demo; allowed: {re.escape(str(DEMOS))}$"):
+        load_demo_config(["arch=nosuch"])
 
 
-@pytest.mark.parametrize("arch,describes", [
-    ("mamba2", ["Mamba-2 (d_model 128", "A_init_range=[0.001, 0.1], A_init_log_uniform=true"]),
-    ("mamba1", ["Mamba-1 (d_model 128", "A_init_range=[0.001, 0.1], A_init_log_uniform=true"]),
-    ("gla", ["GLA (hidden 128", "gate_bias_init_range=[2, 6]"]),
-])
-def test_report_setup_names_the_architecture_and_its_slow_initialisation(tmp_path, arch, describes):
+def _setting(value) -> str:
+    """A model-file setting as the report's Setup writes it: [0.001, 0.1], [2, 6], true."""
+    if isinstance(value, list):
+        return "[" + ", ".join(f"{x:g}" for x in value) + "]"
+    return str(value).lower()
+
+
+@pytest.mark.parametrize("arch", DEMOS)
+def test_report_setup_names_the_architecture_and_its_slow_initialisation(tmp_path, arch):
     from recurlen.commands.demo import setup_notes
 
-    text = "\n".join(setup_notes(load_demo_config([f"arch={arch}", f"run_root={tmp_path}"])))
-    for part in describes:
-        assert part in text, (part, text)
+    cfg = load_demo_config([f"arch={arch}", f"run_root={tmp_path}"])
+    text = "\n".join(setup_notes(cfg))
+    model = load_experiment([f"experiment={cfg.pretrain_experiment}"])[0].model
+    assert f"- Base: {registry.get(arch).describe(model.config)}," in text, text
+    # Every initialisation setting of the demo's model file (chunk_size only trades speed), with its value.
+    slow = OmegaConf.load(composition.model_files()[f"{registry.get(arch).prefix}tiny-slow"]).arch
+    settings = {k: v for k, v in OmegaConf.to_container(slow).items() if k != "chunk_size"}
+    assert settings
+    for key, value in settings.items():
+        assert f"{key}={_setting(value)}" in text, (key, text)
     assert "did NOT fail past T" in text
 
 
 @pytest.mark.slow  # ~1 min each: a pre-training, two post-trainings and the evaluation at toy size
-@pytest.mark.parametrize("arch,title", [("mamba1", "Mamba-1"), ("gla", "GLA")])
-def test_quick_demo_of_each_architecture_reports_its_checks(tmp_path, arch, title):
+@pytest.mark.parametrize("arch", [a for a in DEMOS if a != registry.DEFAULT])  # Mamba-2's: the test below
+def test_quick_demo_of_each_architecture_reports_its_checks(tmp_path, arch):
+    title = registry.get(arch).title
     root, cache = tmp_path / "demo", tmp_path / "cache"
     proc = run_demo_cli(root, cache, f"arch={arch}", "interventions=[none,state_passing]")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -348,11 +375,11 @@ def test_demo_checks_read_16t_to_32t_and_name_where_a_fix_stops():
     assert not any("past 16T" in c["check"] for c in demo_checks(short))
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "mamba1", "gla"])
+@pytest.mark.parametrize("arch", DEMOS)
 def test_the_setup_names_the_model_file_the_demo_trains(arch):
     """The report's Setup names the file the model comes from (tiny-slow.yaml), not only the table's row (tiny)."""
     from recurlen.commands.demo import _model_file
 
     cfg = load_demo_config([f"arch={arch}"])
-    name = "tiny-slow" if arch == "mamba2" else f"{arch}-tiny-slow"
+    name = f"{registry.get(arch).prefix}tiny-slow"  # Mamba-2's models are named bare
     assert _model_file(cfg.pretrain_experiment) == f"experiments/model/{arch}/{name}.yaml"

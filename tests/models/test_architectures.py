@@ -21,10 +21,10 @@ TOL = 1e-5
 """Relative tolerance (of the reference's largest magnitude) of float32 results computed in other pieces."""
 
 ARCHITECTURES = tuple(registry.architectures())  # at collection: the toy is registered later, for its module only
-# Besides each nano preset, the variants whose state or scan has another shape: Mamba-2 with grouped B and C,
-# GLA with short convolutions (their windows join the state; the fla-hub models have none).
-VARIANTS = {"mamba2": {"ngroups": 2}, "gla": {"use_short_conv": True}}
-CASES = [(name, {}) for name in ARCHITECTURES] + [(name, fields) for name, fields in VARIANTS.items()]
+# Besides each nano preset, the variants whose state or scan has another shape (each registry entry's `variants`:
+# Mamba-2 with grouped B and C, GLA with short convolutions, whose windows join the state).
+CASES = [(name, {}) for name in ARCHITECTURES] + [
+    (name, dict(fields)) for name in ARCHITECTURES for fields in registry.get(name).variants]
 
 
 def case_id(case) -> str:

@@ -1,6 +1,7 @@
-"""transformers' format of Mamba-2 and Mamba-1 (Mamba2ForCausalLM, MambaForCausalLM): what recurlen writes,
-transformers loads with the same logits; what transformers writes, recurlen loads with the same logits; what
-recurlen cannot run is refused by name. (The export command's round trips: tests/commands/test_export.py.)"""
+"""transformers' format of every architecture that has one (Mamba-2 and Mamba-1: Mamba2ForCausalLM,
+MambaForCausalLM): what recurlen writes, transformers loads with the same logits; what transformers writes, recurlen
+loads with the same logits; what recurlen cannot run is refused by name. (The export command's round trips:
+tests/commands/test_export.py.)"""
 
 import json
 
@@ -9,7 +10,8 @@ import torch
 
 from recurlen.models import registry, transformers_format
 
-ARCHS = ["mamba2", "mamba1"]  # the architectures transformers has a class for
+ARCHS = [name for name, a in registry.architectures().items() if a.transformers_format is not None]
+"""The architectures transformers has a class for (their registry entry's transformers_format)."""
 IDS = torch.randint(0, 100, (2, 72), generator=torch.Generator().manual_seed(0))
 
 
@@ -22,8 +24,14 @@ def perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model
 
 
-def test_the_registry_knows_which_architectures_transformers_has():
-    assert {name for name, a in registry.architectures().items() if a.transformers_format} == set(ARCHS)
+def test_every_declared_transformers_format_is_a_class_transformers_has():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    assert ARCHS  # Mamba-2's at least: the export and load paths below are tested on something
+    for name in ARCHS:
+        fmt = registry.get(name).transformers_format
+        assert fmt.model_type in CONFIG_MAPPING and hasattr(transformers, fmt.class_name), name
 
 
 @pytest.mark.parametrize("name", ARCHS)
@@ -49,10 +57,13 @@ def test_transformers_loads_what_recurlen_writes_with_the_same_logits(tmp_path, 
 
 
 def _hf_config(transformers, name: str):
-    if name == "mamba2":  # two groups and an untied head (Mamba2Config's default): both paths are read
-        return transformers.Mamba2Config(hidden_size=64, num_heads=8, head_dim=16, state_size=16, n_groups=2,
-                                         num_hidden_layers=2, vocab_size=100, chunk_size=16)
-    return transformers.MambaConfig(hidden_size=64, state_size=8, num_hidden_layers=2, vocab_size=100)
+    """transformers' config of the architecture's nano shape with its first variant (Mamba-2: two groups), an
+    untied head and an unpadded vocabulary of 100: the paths a tied, padded nano model never reads are read."""
+    a = registry.get(name)
+    raw = a.transformers_format.config_json(a.preset("nano", **(dict(a.variants[0]) if a.variants else {})))
+    raw.pop("architectures")
+    return transformers.AutoConfig.for_model(raw.pop("model_type"),
+                                             **{**raw, "vocab_size": 100, "tie_word_embeddings": False})
 
 
 @pytest.mark.parametrize("name", ARCHS)

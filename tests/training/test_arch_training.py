@@ -14,7 +14,7 @@ from recurlen.training.interventions import (
 )
 from recurlen.training.run_dir import RUN_META_KEY, load_model
 
-ARCHS = ["mamba1", "gla", "rwkv6"]
+ARCHS = tuple(registry.architectures())
 
 
 @pytest.mark.parametrize("intervention", INTERVENTIONS)

@@ -1,5 +1,7 @@
 """Experiment composition: every YAML composes and instantiates; bad keys and values name themselves."""
 
+import re
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -149,9 +151,16 @@ def test_the_official_rows_are_the_published_checkpoints():
 
 
 def test_model_files_change_the_row_they_name():
+    from recurlen.commands.demo import demo_architectures
+
     files = composition.model_files()
-    assert {name: path.parent.name for name, path in files.items()} == {
-        "tiny-slow": "mamba2", "mamba1-tiny-slow": "mamba1", "gla-tiny-slow": "gla", "rwkv6-tiny-slow": "rwkv6"}
+    for name, path in files.items():  # in its architecture's folder, named <prefix><row>-*, changing that row
+        arch = registry.get(path.parent.name)
+        row = table.find(OmegaConf.load(path).name, architecture=arch.name)
+        assert row is not None and name.startswith(f"{row.name}-"), (name, path)
+    # Every demo's slowly decaying model is one of them (each architecture's prefix: Mamba-2's is bare).
+    assert {f"{registry.get(a).prefix}tiny-slow" for a in demo_architectures()} <= set(files)
+    assert "tiny-slow" in files
     slow, _ = load_experiment(["model=mamba1-tiny-slow"])
     assert slow.model.name == "mamba1-tiny" and slow.model.architecture == "mamba1"
     assert slow.model.config == registry.get("mamba1").preset(
@@ -164,12 +173,14 @@ def test_model_files_live_in_their_architecture_folder(tmp_path):
     (tmp_path / "model" / "gla" / "wide.yaml").write_text("name: gla-tiny\narch: {hidden_size: 256}\n")
     (tmp_path / "a.yaml").write_text("defaults: {model: wide}\n")
     assert to_object(compose(["experiment=a"], root=tmp_path)).model.config.hidden_size == 256
-    (tmp_path / "model" / "gla" / "wide.yaml").write_text("name: gla-tiny\narchitecture: mamba1\n")
-    with pytest.raises(ValueError, match=r"wide.yaml: architecture 'mamba1' is not its folder's \('gla'\)"):
+    other = next(name for name in registry.architectures() if name != "gla")
+    (tmp_path / "model" / "gla" / "wide.yaml").write_text(f"name: gla-tiny\narchitecture: {other}\n")
+    with pytest.raises(ValueError, match=rf"wide.yaml: architecture '{other}' is not its folder's \('gla'\)"):
         compose(["experiment=a"], root=tmp_path)
     (tmp_path / "model" / "rwkv").mkdir()
     (tmp_path / "model" / "rwkv" / "x.yaml").write_text("name: x\n")
-    with pytest.raises(ValueError, match=r"its folder 'rwkv' is not an architecture; allowed: \['mamba2'"):
+    allowed = re.escape(str(list(registry.architectures())))
+    with pytest.raises(ValueError, match=rf"its folder 'rwkv' is not an architecture; allowed: {allowed}"):
         compose(["experiment=a"], root=tmp_path)
     (tmp_path / "model" / "rwkv" / "x.yaml").unlink()
     (tmp_path / "model" / "780m.yaml").write_text("name: 780m\n")

@@ -30,7 +30,7 @@ def _saved_for_backward(model, ids) -> int:
     return total
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "mamba1", "gla"])
+@pytest.mark.parametrize("arch", list(registry.architectures()))
 def test_the_meta_device_count_is_close_to_and_above_what_a_real_step_keeps(arch, nano_model):
     model = nano_model(arch)
     lanes, seq_len = 2, 256

@@ -21,7 +21,7 @@ from recurlen.training.interventions.noise_groups import NoiseGroups, build_grou
 from recurlen.training.run_dir import RUN_META_KEY
 from recurlen.util.errors import UserError
 
-ARCHS = ["mamba1", "mamba2", "gla", "rwkv6"]
+ARCHS = tuple(registry.architectures())
 
 
 def nano(arch: str, seed: int = 0):
@@ -161,7 +161,7 @@ def test_block_groups_follow_blocks_of_channels():
     torch.testing.assert_close(per_block, channel_scale[::d // 4].expand(k, 4), rtol=0.05, atol=0)
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "gla", "rwkv6"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_block_groups_work_for_every_architecture(arch):
     model = nano(arch)
     zeros = model.zero_state(1)
@@ -307,13 +307,18 @@ def test_groups_a_model_cannot_have_are_one_line_errors_before_anything_is_writt
                                         r"layer's ssm state \(128, 8\); allowed here: a divisor of 1024, e.g. "
                                         r"\[1, 2, 4, 8, 16, 32, 64\]$"):
         fitted(model, fit_groups="blocks", fit_group_count=3).groups(model)
-    for arch, name in (("gla", "GLALM"), ("rwkv6", "RWKV6LM")):
+    # The architectures whose decays depend on the input (their models state no decay rates: GLA, RWKV-6).
+    dependent = [arch for arch in ARCHS if not nano(arch).state_decays()]
+    assert dependent
+    for arch in dependent:
         model = nano(arch)
+        name = type(model).__name__
         with pytest.raises(UserError, match=rf"^intervention.fit_groups=decay needs decay rates that are parameters; "
                                             rf"this model's \({name}\) depend on the input; allowed for it: default, "
                                             "blocks$"):
             fitted(model, fit_groups="decay").groups(model)
-    cfg = experiment(tmp_path / "run", "intervention=fitted_noise", "intervention.fit_groups=decay", arch="gla")
+    cfg = experiment(tmp_path / "run", "intervention=fitted_noise", "intervention.fit_groups=decay",
+                     arch=dependent[0])
     with pytest.raises(UserError, match="fit_groups=decay needs decay rates that are parameters"):
         run_finetune(cfg)
     assert not (tmp_path / "run" / "config.yaml").exists()

@@ -7,4 +7,5 @@ from recurlen.models.gla.model import GLALM
 from recurlen.models.interface import Architecture
 
 ARCHITECTURE = Architecture(name="gla", title="GLA", model_cls=GLALM,
-                            demo_cost=2.1)  # its full demo ~12 min vs ~5.6 (2 idle cores)
+                            demo_cost=2.1,  # its full demo ~12 min vs ~5.6 (2 idle cores)
+                            variants=({"use_short_conv": True},))  # fla's short convs: windows join the state

@@ -6,4 +6,5 @@ from __future__ import annotations
 from recurlen.models.interface import Architecture
 from recurlen.models.mamba2.model import Mamba2LM
 
-ARCHITECTURE = Architecture(name="mamba2", title="Mamba-2", model_cls=Mamba2LM)
+ARCHITECTURE = Architecture(name="mamba2", title="Mamba-2", model_cls=Mamba2LM,
+                            variants=({"ngroups": 2},))  # B and C shared by groups of heads
