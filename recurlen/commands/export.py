@@ -8,14 +8,21 @@ format=official      the architecture's release format (state-spaces/mamba2-*, s
 format=transformers  config.json + model.safetensors that transformers' AutoModelForCausalLM loads
                      (Mamba2ForCausalLM, MambaForCausalLM); recurlen loads it too. Only for the architectures
                      transformers has a class for.
-Next to the weights: the tokenizer's files (where the model's tokenizer has files) and README.md, the model card
-(recurlen.commands.model_card). Nothing is uploaded: `huggingface-cli upload NAME DIR` is the user's step.
+Next to the weights: the tokenizer's files (where the model's tokenizer has files), README.md, the model card
+(recurlen.commands.model_card), and recurlen_export.json, the record of what the export wrote and the training
+context T (recurlen.models.export_manifest). Nothing is uploaded: `huggingface-cli upload NAME DIR` is the user's step.
+
+--out is the user's directory: a non-empty one is written into only when it is an earlier export of the same run, or
+with overwrite=true; either way only the export's own files are replaced, and no other file is deleted. Everything is
+written into a temporary directory next to it first, then renamed into place (the whole directory when it is new).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +30,9 @@ import torch
 
 from recurlen.commands.model_card import find_evidence, write_card
 from recurlen.models import official, registry, transformers_format
+from recurlen.models.export_manifest import MANIFEST_NAME, ExportManifest, read_manifest, source_id
 from recurlen.training.run_dir import load_model, run_dir_of
+from recurlen.util.atomic_files import host_name, write_text
 from recurlen.util.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,9 @@ class ExportSettings:
     (the only file mamba-ssm's from_pretrained reads)."""
     card: bool = True
     """Write README.md, the model card with the run's evidence."""
+    overwrite: bool = False
+    """Write into a non-empty --out that is not an earlier export of this run. Only the export's files are replaced
+    there; the directory's other files are kept."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -64,6 +76,35 @@ def check_source(source: str) -> None:
         hint = f"name one of its checkpoints, e.g. {others[0]}" if others else "train it first (recurlen finetune)"
         raise UserError(f"{source} is a run directory without a checkpoint ({run.last_checkpoint} does not exist): "
                         f"nothing to export; {hint}")
+
+
+def _source_id(source: str) -> str:
+    """The same id for every checkpoint of a run (its directory, last.ckpt, a step checkpoint)."""
+    run = run_dir_of(source)
+    return source_id(run.path if run is not None else source)
+
+
+def _listing(names: list[str], most: int = 6) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_out(out: str | Path, source: str, settings: ExportSettings) -> ExportManifest | None:
+    """--out may take this export: it is new, empty, an earlier export of the same run, or overwrite=true says so
+    -> the record of the earlier export there (None where there is none)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory; choose another --out")
+    present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not present:
+        return None
+    earlier = read_manifest(out)
+    if earlier is not None and earlier.source_id == _source_id(source):
+        return earlier
+    if not settings.overwrite:
+        what = f"an export of another run, {earlier.run}" if earlier is not None else "not an export of this run"
+        raise UserError(f"--out {out} is not empty and is {what} (it holds {_listing(present)}); set overwrite=true "
+                        "to write the export's files there (the other files are kept), or choose another --out")
+    return earlier
 
 
 def _tokenizer(spec: str | None, out: Path) -> tuple[str, dict]:
@@ -93,6 +134,7 @@ def export_plan(source: str, out: str, settings: ExportSettings, eval_path: str 
     from recurlen.diagnostics.plots import results_file
 
     check_source(source)
+    earlier = check_out(out, source, settings)
     if eval_path is not None:
         try:
             results_file(eval_path)
@@ -101,7 +143,7 @@ def export_plan(source: str, out: str, settings: ExportSettings, eval_path: str 
     card = "README.md" + (f" with the evaluation in {eval_path}" if eval_path else "") if settings.card else "none"
     return ["recurlen export: plan", f"  model    {describe_checkpoint(source)}",
             f"  format   {settings.format}, {settings.dtype}, weights {settings.weights}", f"  card     {card}",
-            f"  output   {out}"]
+            f"  output   {out}" + (" (an earlier export of this run: its files are replaced)" if earlier else "")]
 
 
 def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path: str | None = None,
@@ -112,6 +154,7 @@ def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path:
     out = Path(out)
     if out.exists() and Path(source).is_dir() and out.resolve() == Path(source).resolve():
         raise UserError(f"--out {out} is the directory exported from; write the export elsewhere")
+    earlier = check_out(out, source, settings)
     loaded = load_model(source, backend="torch")
     model = loaded.model.eval()
     arch = registry.of_model(model)
@@ -121,25 +164,93 @@ def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path:
         raise UserError(f"transformers has no {arch.title} class: format=transformers cannot express it; "
                         f"format=official writes {model.official.library}'s own format, which loads with: "
                         f"{model.official.loading}")
+    _check_weights_conflict(out, earlier, settings, model)
     evidence = find_evidence(source, run_dir_of(source), eval_path) if settings.card else None  # before writing
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer_note, ids = _tokenizer(loaded.tokenizer, out)
+    where = out.resolve()
+    where.parent.mkdir(parents=True, exist_ok=True)
+    # Next to --out, so that the renames into place stay on one file system; os.mkdir, not mkdtemp, whose 0700
+    # would become the directory's mode.
+    tmp = where.parent / f".{where.name}.export.{host_name()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    os.mkdir(tmp)
+    try:
+        weights = _write(tmp, source=source, loaded=loaded, arch=arch, settings=settings, dtype=dtype,
+                         evidence=evidence, eval_path=eval_path,
+                         export_words=command or [source, "--out", str(out), f"format={settings.format}"])
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if not p.is_dir())
+        run = run_dir_of(source)
+        manifest = ExportManifest(run=(run.path if run is not None else Path(source)).name,
+                                  source_id=_source_id(source), train_seq_len=loaded.train_seq_len,
+                                  files=sorted([*files, MANIFEST_NAME]))
+        write_text(tmp / MANIFEST_NAME, manifest.to_json())
+        _install(tmp, out, manifest, earlier)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)  # ours alone; a failure before _install left --out as it was
+    return out / weights.name
+
+
+def _check_weights_conflict(out: Path, earlier: ExportManifest | None, settings: ExportSettings, model) -> None:
+    """A weights file of the other kind that the export did not write stays, and refuses the export: next to the
+    new one, which of the two a reader loads would depend on the reader."""
+    default = official.SAFETENSORS_NAME if settings.format == "transformers" else model.official.weights
+    mine = official.weights_file(settings.weights, default)
+    ours = set(earlier.files) if earlier is not None else set()
+    for other in sorted(set(official.WEIGHTS_FILES.values()) - {mine}):
+        if (out / other).exists() and other not in ours:
+            raise UserError(f"--out {out} holds {other}, which no export of this run wrote; next to the {mine} of "
+                            "this export a loader would take either: move it away or choose another --out")
+
+
+def _write(tmp: Path, *, source: str, loaded, arch, settings: ExportSettings, dtype: torch.dtype,
+           evidence, eval_path: str | None, export_words: list[str]) -> Path:
+    """The weights, the tokenizer's files and the card into `tmp` -> the weights file."""
+    model = loaded.model
+    tokenizer_note, ids = _tokenizer(loaded.tokenizer, tmp)
     if settings.format == "transformers":
-        weights = transformers_format.save(model, out, fmt, dtype=dtype, weights=settings.weights, extra=ids)
+        fmt = arch.transformers_format
+        weights = transformers_format.save(model, tmp, fmt, dtype=dtype, weights=settings.weights, extra=ids)
         format_name, library = f"transformers ({fmt.class_name})", "transformers"
         loading = "from transformers import AutoModelForCausalLM; model = AutoModelForCausalLM.from_pretrained(DIR)"
     else:
-        weights = official.save(model, out, model.official, dtype=dtype, weights=settings.weights)
+        weights = official.save(model, tmp, model.official, dtype=dtype, weights=settings.weights)
         format_name, library, loading = f"official ({model.official.library})", model.official.library, \
             model.official.loading
-    log.info("wrote %s (%s, %s)", weights, format_name, settings.dtype)
+    log.info("wrote %s (%s, %s)", weights.name, format_name, settings.dtype)
     if settings.card:
-        card = write_card(out, source=source, loaded=loaded, arch=arch, format_name=format_name, library=library,
-                          loading=loading, weights=weights.name, dtype=settings.dtype,
-                          tokenizer_note=tokenizer_note, evidence=evidence, eval_path=eval_path,
-                          export_words=command or [source, "--out", str(out), f"format={settings.format}"])
-        log.info("wrote %s", card)
+        write_card(tmp, source=source, loaded=loaded, arch=arch, format_name=format_name, library=library,
+                   loading=loading, weights=weights.name, dtype=settings.dtype, tokenizer_note=tokenizer_note,
+                   evidence=evidence, eval_path=eval_path, export_words=export_words)
     return weights
 
 
-__all__ = ["DTYPES", "FORMATS", "ExportSettings", "check_source", "export", "export_plan"]
+def _install(tmp: Path, out: Path, manifest: ExportManifest, earlier: ExportManifest | None) -> None:
+    """Move the export from `tmp` into `out`: a new --out is `tmp` renamed (all at once); into an existing one each
+    file is renamed over its namesake, and the earlier export's files this one no longer writes are removed (no
+    other file is touched)."""
+    if not out.exists():
+        os.replace(tmp, out)
+        log.info("wrote %s: %s", out, _listing(manifest.files, most=12))
+        return
+    before = earlier.files if earlier is not None else []
+    # Until every file is in place the record lists the earlier files and the new ones: an interrupted export
+    # leaves a directory that the next export of this run may still replace.
+    both = ExportManifest(**{**manifest.__dict__, "files": sorted({*before, *manifest.files})})
+    write_text(out / MANIFEST_NAME, both.to_json())
+    for name in manifest.files:
+        if name != MANIFEST_NAME:
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp / name, out / name)
+    for name in sorted(set(before) - set(manifest.files)):
+        stale = out / name
+        if stale.is_file() or stale.is_symlink():
+            stale.unlink()
+        for parent in stale.relative_to(out).parents:  # directories the earlier export made, when left empty
+            if parent != Path(".") and (out / parent).is_dir() and not any((out / parent).iterdir()):
+                (out / parent).rmdir()
+    os.replace(tmp / MANIFEST_NAME, out / MANIFEST_NAME)  # last: the record of a complete export
+    kept = sorted(p.name for p in out.iterdir() if p.name not in {Path(f).parts[0] for f in manifest.files})
+    log.info("wrote %s into %s%s", _listing(manifest.files, most=12), out,
+             f" (kept: {_listing(kept)})" if kept else "")
+
+
+__all__ = ["DTYPES", "FORMATS", "ExportSettings", "check_out", "check_source", "export", "export_plan"]

@@ -340,8 +340,22 @@ def _reproduce_lines(history: Lineage, evidence: Evidence | None, export_words: 
         commands.append(" ".join(["recurlen finetune", *finetune_words(cfg, paths=paths)]))
     if evidence is not None:
         commands.append(" ".join(["recurlen eval", *eval_words(evidence)]))
-    commands.append(" ".join(["recurlen export", *export_words]))
+    commands.append(" ".join(["recurlen export", *_shown_export_words(export_words)]))
     return ["## Reproduce", "", "```bash", *commands, "```", ""]
+
+
+def _shown_export_words(words: list[str]) -> list[str]:
+    """The export's words with its paths as typed from the working directory; --out, where it lies elsewhere, is
+    DIR (this directory, as the rest of the card calls it): an absolute path names someone's machine, not the model."""
+    out = []
+    for i, word in enumerate(words):
+        option = words[i - 1] if i > 0 else None
+        if option == "--out":
+            word = shown(word) if not Path(shown(word)).is_absolute() else "DIR"
+        elif option == "--eval" or (i == 0 and Path(word).exists()):
+            word = shown(word)
+        out.append(shlex.quote(word) if word != "DIR" else word)
+    return out
 
 
 __all__ = ["CARD_NAME", "Evidence", "Lineage", "eval_words", "find_evidence", "finetune_words", "lineage", "shown",

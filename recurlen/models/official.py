@@ -6,11 +6,15 @@ is strict: missing, unexpected or mis-shaped keys name themselves in a one-line 
 
 Next to config.json recurlen writes recurlen_config.json, its exact config (fields the official config.json
 cannot hold, e.g. A_init_log_uniform), in its own file so that the reference library still loads the directory.
+It is strict JSON: a float JSON cannot hold (an infinite dt_limit) is written as transformers writes it in its
+configs, {"__float__": "Infinity"} ("-Infinity", "NaN"), and read back as the float.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +60,32 @@ def _read_json(path: Path) -> dict[str, Any]:
     return raw
 
 
+FLOAT_TAG = "__float__"
+_SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def encode_floats(obj: Any) -> Any:
+    """obj with every infinite or NaN float as {"__float__": "Infinity" | "-Infinity" | "NaN"} (strict JSON)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {FLOAT_TAG: "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")}
+    if isinstance(obj, dict):
+        return {k: encode_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [encode_floats(v) for v in obj]
+    return obj
+
+
+def decode_floats(obj: Any) -> Any:
+    """encode_floats undone."""
+    if isinstance(obj, dict):
+        if set(obj) == {FLOAT_TAG} and obj[FLOAT_TAG] in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[obj[FLOAT_TAG]]
+        return {k: decode_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_floats(v) for v in obj]
+    return obj
+
+
 def read_official_json(directory: Path) -> dict[str, Any]:
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
@@ -69,7 +99,7 @@ def read_config(directory: Path, config_cls: type, *, from_json: Callable[..., A
     own = Path(directory) / RECURLEN_CONFIG_NAME
     if own.is_file():
         try:
-            return config_cls.from_dict(_read_json(own))
+            return config_cls.from_dict(decode_floats(_read_json(own)))
         except (TypeError, ValueError) as err:  # e.g. config.json replaced by another architecture's, this one not
             raise UserError(f"{own} does not describe the {config_cls.__name__} that {CONFIG_NAME} next to it "
                             f"describes ({err}); the two files come from different models: restore the directory, "
@@ -156,14 +186,22 @@ def write_checkpoint(directory: str | Path, *, config_json: dict[str, Any], recu
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / CONFIG_NAME, json.dumps(config_json, indent=2))
-    write_text(out / RECURLEN_CONFIG_NAME, json.dumps(recurlen_config, indent=2))
+    write_text(out / RECURLEN_CONFIG_NAME, json.dumps(encode_floats(recurlen_config), indent=2, allow_nan=False))
     if weights == SAFETENSORS_NAME:
         from safetensors.torch import save_file
 
         from recurlen.util.atomic_files import atomic_write
 
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items() if k != tied_key}
-        atomic_write(out / SAFETENSORS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+        # safetensors creates its file 0600 (a private temporary renamed into place): give it the mode every other
+        # file here got from the umask, so that whoever may read config.json may read the weights.
+        mode = (out / CONFIG_NAME).stat().st_mode & 0o777
+
+        def write(p: Path) -> None:
+            save_file(tensors, str(p), metadata={"format": "pt"})
+            os.chmod(p, mode)
+
+        atomic_write(out / SAFETENSORS_NAME, write)
     else:
         # The official .bin files store both tied keys; clone so the two are separate storages in the file.
         save_torch({k: v.detach().to("cpu", dtype).clone() for k, v in state.items()}, out / WEIGHTS_NAME)
@@ -182,6 +220,6 @@ def save(model: nn.Module, directory: str | Path, fmt: OfficialFormat, *, dtype:
                             tied_key="lm_head.weight" if getattr(model.config, fmt.tie_flag) else None)
 
 
-__all__ = ["CONFIG_NAME", "RECURLEN_CONFIG_NAME", "SAFETENSORS_NAME", "WEIGHTS_FILES", "WEIGHTS_NAME", "OfficialFormat",
-           "load_strict", "read_config", "read_official_json", "read_state_dict", "save", "weights_file",
-           "write_checkpoint"]
+__all__ = ["CONFIG_NAME", "FLOAT_TAG", "RECURLEN_CONFIG_NAME", "SAFETENSORS_NAME", "WEIGHTS_FILES", "WEIGHTS_NAME",
+           "OfficialFormat", "decode_floats", "encode_floats", "load_strict", "read_config", "read_official_json",
+           "read_state_dict", "save", "weights_file", "write_checkpoint"]

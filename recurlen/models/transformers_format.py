@@ -7,13 +7,18 @@ writing, recognising and reading are written once, here. recurlen loads such a d
 checkpoint (recurlen.models.lm.StatefulLM.from_pretrained): models published in that format can be post-trained.
 
 transformers' embedding has no padding: the vocab_size written is the embedding's rows (padded_vocab_size), and a
-directory read back without recurlen_config.json holds that vocabulary unpadded. recurlen_config.json, written
+directory read back without recurlen_config.json holds that vocabulary unpadded. The padded rows are no tokens the
+tokenizer has, yet their logits are ordinary numbers (the head has no bias to push them to -inf): generation_config.json
+lists them as `suppress_tokens`, which transformers' `generate` sets to -inf at every step (its
+SuppressTokensLogitsProcessor), so that generating never emits an id the tokenizer cannot decode; the logits of a
+plain forward pass still hold them, as recurlen's own with score_padded_vocab. recurlen_config.json, written
 next to config.json as in the official format, keeps recurlen's exact config (transformers ignores the file).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from recurlen.models import official
+from recurlen.util.atomic_files import write_text
 
 
 @dataclass(frozen=True)
@@ -119,16 +125,31 @@ def _finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
+GENERATION_CONFIG_NAME = "generation_config.json"
+
+
+def generation_config(config: Any, token_ids: dict[str, Any]) -> dict[str, Any]:
+    """transformers' generation_config.json: the token ids, and the padded vocabulary's rows as suppress_tokens."""
+    rows = getattr(config, "padded_vocab_size", config.vocab_size)
+    padded = list(range(config.vocab_size, rows))
+    return {**token_ids, **({"suppress_tokens": padded} if padded else {})}
+
+
 def save(model: nn.Module, directory: str | Path, fmt: TransformersFormat, *, dtype: torch.dtype = torch.float32,
          weights: str | None = None, extra: dict[str, Any] | None = None) -> Path:
-    """config.json (+ `extra` fields, e.g. token ids) and the weights under transformers' names; weights:
-    'safetensors' (default) or 'bin'. The tied head is left out of a safetensors file, as transformers does."""
+    """config.json (+ `extra` fields, e.g. token ids), generation_config.json (those ids, the padded rows never
+    generated) and the weights under transformers' names; weights: 'safetensors' (default) or 'bin'. The tied head
+    is left out of a safetensors file, as transformers does."""
     tied = getattr(model.config, model.official.tie_flag)
     config_json = {**fmt.config_json(model.config), "dtype": str(dtype).removeprefix("torch."), **(extra or {})}
-    return official.write_checkpoint(
+    path = official.write_checkpoint(
         directory, config_json=config_json, recurlen_config=model.config.to_dict(),
         state=fmt.to_theirs(model.state_dict()), weights=official.weights_file(weights, official.SAFETENSORS_NAME),
         dtype=dtype, tied_key="lm_head.weight" if tied else None)
+    generation = generation_config(model.config, extra or {})
+    if generation:
+        write_text(Path(directory) / GENERATION_CONFIG_NAME, json.dumps(generation, indent=2))
+    return path
 
 
 def read(directory: Path, model_cls: type, fmt: TransformersFormat) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -139,4 +160,4 @@ def read(directory: Path, model_cls: type, fmt: TransformersFormat) -> tuple[Any
     return config, fmt.to_ours(official.read_state_dict(directory, model_cls.official))
 
 
-__all__ = ["Field", "TransformersFormat", "read", "save"]
+__all__ = ["GENERATION_CONFIG_NAME", "Field", "TransformersFormat", "generation_config", "read", "save"]

@@ -320,6 +320,10 @@ def load_model(path: str, *, backend: str = "auto", device=None) -> LoadedModel:
     has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
     known = table.official(directory)  # an official checkpoint (by hub id or directory name) says its context
     train_seq_len = known.train_seq_len if known is not None and known.architecture == a.name else None
+    if train_seq_len is None:  # `recurlen export` records the exported run's
+        from recurlen.models.export_manifest import recorded_train_seq_len
+
+        train_seq_len = recorded_train_seq_len(directory)
     return LoadedModel(model, tokenizer=str(directory) if has_tokenizer else None, train_seq_len=train_seq_len,
                        source=str(directory))
 
