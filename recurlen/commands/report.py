@@ -39,7 +39,8 @@ from recurlen.util.errors import UserError
 GENERALIZES_TOL = FLAT_TOL
 """full - reset at most this (nats) counts as no harm from the longer context."""
 FAILS_MARGIN = 0.3
-"""full - reset at least this (nats) counts as a clear failure."""
+"""full - reset at least this (nats, as shown) counts as a clear failure: the verdict's FAILS and every check that
+says a run fails (the demo's)."""
 USES_CONTEXT_REL = 0.1
 """A run uses its context if its loss in [T,2T) is at least this fraction below the unigram loss."""
 

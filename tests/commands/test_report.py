@@ -45,9 +45,20 @@ def test_demo_checks_pass_and_miss_on_their_thresholds():
         "state_passing keeps the [0,T) loss within 8% of the baseline's": True,
         "tbptt fixes it: full - reset <= +0.05 in every bin up to 16T": False,
         "tbptt keeps the [0,T) loss within 8% of the baseline's": False,
-        "plain fine-tuning (none) still fails: full - reset > +0.05 in [8T,16T)": True,
+        "plain fine-tuning (none) still fails: full - reset >= +0.3 in [8T,16T)": True,
     }
     assert demo_checks([run("not-a-base", [0, 0, 0, 0, 0])]) == []  # no base: not a demo, no checks
+
+
+@pytest.mark.parametrize("fmr", [0.051, 0.2994, 0.2996, 0.3, 0.842])
+def test_a_check_that_says_a_run_fails_agrees_with_its_verdict(fmr):
+    """+0.051 in [8T,16T) reads "mostly holds" in the verdict, so "plain fine-tuning still fails" misses there; both
+    read the value as shown (+0.2996 is +0.300: a failure in both)."""
+    runs = [run("base", [0, 0, 0.0, 0.0, fmr]), run("none", [0, 0, 0.0, 0.0, fmr])]
+    checks = {c["check"].split(":")[0]: c["passed"] for c in demo_checks(runs)}
+    for label, check in (("base", "baseline fails"), ("none", "plain fine-tuning (none) still fails")):
+        verdict = run_verdict(next(r for r in runs if r["label"] == label))
+        assert checks[check] == verdict["fails"] == (fmr >= 0.2995), (label, fmr, verdict["text"])
 
 
 def test_report_says_plainly_what_missed(tmp_path):
