@@ -38,9 +38,10 @@ class InterventionConfig:
     whole document, or one endless stream per lane)."""
     pass_conv: bool = False
     """state_passing / tbptt: carry the whole state, the conv window (and any other window part) too, or only the
-    recurrent part (false, the default for both: the paper's pseudocode). The two differ only in the data, so
-    they carry the same parts; carrying the window makes TBTT an exact continuation of its document (measured
-    in docs/demo.md)."""
+    recurrent part (false, the default for both: the paper's pseudocode). The paper's two arms differ only in
+    their data, so they carry the same parts here (recurlen's state passing also restarts lanes from zeros at
+    random, reset_prob, and TBTT does not); carrying the window makes TBTT an exact continuation of its document
+    (measured in docs/demo.md)."""
     fit_batches: int = 8
     """fitted_noise: training batches whose final states the statistics are fitted on."""
     fit_stats: str | None = None
