@@ -68,6 +68,12 @@ REAL = {
     "recurlen eval base=runs/demo/pretrain fitted_noise_ema=runs/refresh/fitted_noise-ema seq_len=1024 "
     "num_sequences=64 chunk_len=256 batch_size=16 tasks=[positionwise,reset,state] --out runs/refresh/eval": EVAL_TINY,
     "make tensorboard": [],
+    # docs/data.md's worked example: its own held-out settings, as written, on the folder of .txt files.
+    "recurlen finetune data.source=data/my-corpus data.val_fraction=0.1 data.val_mode=windows data.val_sequences=8 "
+    "run_dir=runs/finetune/my-corpus": ["trainer.max_steps=2", "trainer.val_every_n_steps=0",
+                                        "trainer.checkpoint_every_n_steps=0", "trainer.progress_bar=false",
+                                        "trainer.limit_val_batches=1", "diagnostics.positionwise=false",
+                                        "diagnostics.state_norm=false", "trainer.num_threads=1"],
     "make lint": [],
     "make export RUN=runs/demo/post/state_passing FORMAT=official": [],
 }
@@ -353,6 +359,9 @@ def stand_ins(world: Path) -> None:
     for name in DATA_STAND_INS:
         (world / name).parent.mkdir(parents=True, exist_ok=True)
         (world / name).touch()
+    # docs/data.md's corpus (its first line writes it), so that its training lines also run on their own (-k data).
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "example_corpus.py"), str(world / "data" / "my-corpus")],
+                   check=True, capture_output=True, timeout=120)
     for out in ("eval", "eval780m"):  # so that a report line runs on its own too (-k report)
         results = world / "runs" / out / "results.json"
         if not results.exists():
@@ -389,6 +398,11 @@ def run_line(line: str, world: Path, checks: Checks, real: list[str] | None = No
         return run_sbatch(words, env_prefix)
     if head == "make":
         return run_make(words[1:], world, checks, real)
+    if head.endswith("python") and words[1:2] == ["scripts/example_corpus.py"]:  # docs/data.md's corpus, for real
+        proc = subprocess.run([sys.executable, str(ROOT / words[1]), *words[2:]], cwd=world, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return "real"
     if head in ("hf", "huggingface-cli"):
         return run_hub_cli(words, world)
     if head == "export":

@@ -138,6 +138,15 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
              f"intervention {iv.name}" + (f" (reset_prob {iv.reset_prob})" if iv.name in ("state_passing", "tbptt")
                                           else ""),
              f"training     {t.max_steps} steps, lr {cfg.optim.lr:g}, {devices}"]
+    if not getattr(getattr(cfg, "task", None), "name", None):  # a task's own DataModule checks its own data
+        from recurlen.training.data.heldout_fit import heldout_plan
+
+        try:  # what the run's DataModule refuses, said now (where the corpus reads without a download)
+            held_out = heldout_plan(cfg.data)
+        except (FileNotFoundError, ValueError) as err:
+            raise UserError(f"data: {err}") from None
+        if held_out:
+            lines.insert(3, f"held-out     {held_out}")
     lines.append(f"memory       {_memory_line(cfg)}")
     lines.append(f"logs         {_logs_line(t.loggers, run)}")
     task = getattr(cfg, "task", None)  # task experiments only
