@@ -33,10 +33,11 @@ def _folders() -> dict[str, Architecture]:
     """The ARCHITECTURE entry of every folder of recurlen/models/ that has an architecture.py.
 
     Found on first use, not imported at module load: each entry imports its folder, and nothing above models/
-    needs to know which folders exist."""
+    needs to know which folders exist. Every directory of the package's search path counts (a folder copied
+    elsewhere and put on `recurlen.models.__path__` is found like one of recurlen's own)."""
     found = {}
     for info in pkgutil.iter_modules(models.__path__):
-        if info.ispkg and (Path(models.__path__[0]) / info.name / "architecture.py").is_file():
+        if info.ispkg and (Path(info.module_finder.path) / info.name / "architecture.py").is_file():
             entry = importlib.import_module(f"recurlen.models.{info.name}.architecture").ARCHITECTURE
             found[entry.name] = entry
     return found

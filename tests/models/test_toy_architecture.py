@@ -11,12 +11,22 @@ a registry entry) and nothing else: registered for this module only, it runs
 
 Its model section is the one thing built by hand (run_config): experiment files name models of recurlen's model
 table, and a plug-in architecture has no rows there.
+
+And a folder of recurlen's copied under a new name (slow tier): on the package's search path, with its rows added to
+the model table, it runs every shared test case of its source without an edit (the shared tests take their
+architectures from the registry; tests/test_architecture_lists.py keeps them from listing names).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning.pytorch as pl
@@ -50,7 +60,7 @@ from test_eval_positionwise import (  # noqa: F401
     test_reset_control_matches_independent_segments,
 )
 
-from recurlen.models import registry
+from recurlen.models import registry, table
 from recurlen.models.backends import KernelPath
 from recurlen.models.config import ModelConfig
 from recurlen.models.interface import Architecture
@@ -254,3 +264,90 @@ def test_each_intervention_post_trains_the_toy(run_config, tmp_path, interventio
     assert isinstance(loaded, ToyLM)
     for key, value in loaded.state_dict().items():
         assert torch.equal(value, ckpt["state_dict"]["model." + key]), key
+
+
+# ------------------------------------------------------------------------------------------ a copied folder
+
+COPIED = "copiedarch"
+"""The registry name of the copy (a word no test id holds otherwise, so that `-k` selects its cases only)."""
+SOURCE = "gla"
+"""The folder copied: GLA's checkpoint formats recognise it by its name (config.json's model_type), so a copy
+renamed is an architecture of its own; Mamba-1's (mamba-ssm's layout) and RWKV-6's (BlinkDL's .pth keys) are
+recognised by their layout, which a copy shares."""
+
+
+def copy_folder(source: str, name: str, into: Path) -> Path:
+    """recurlen/models/<source> copied to into/<name>, renamed as a contributor renames it: its imports of its own
+    modules and its registry name / model_type."""
+    src = Path(registry.__file__).parent / source
+    shutil.copytree(src, into / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in (into / name).glob("*.py"):
+        text = path.read_text().replace(f"recurlen.models.{source}", f"recurlen.models.{name}")
+        path.write_text(text.replace(f'"{source}"', f'"{name}"'))
+    return into / name
+
+
+PLUGIN = '''"""The copied folder on recurlen.models' search path (the registry finds it like recurlen's own), its rows
+added to the model table (recurlen's own are written in recurlen/models/table.py): the CPU shapes of the folder
+it was copied from, renamed."""
+import dataclasses
+
+import recurlen.models
+from recurlen.models import table
+
+recurlen.models.__path__.append({packages!r})
+table.add([dataclasses.replace(row, name=row.name.replace({source!r} + "-", {name!r} + "-", 1), architecture={name!r})
+           for row in table.rows({source!r}) if row.hub_id is None])
+'''
+
+
+REGISTRY_WIDE = ("side_by_side", "every_architecture_folder", "model_tables_rows", "both_demo_experiments",
+                 "test_architecture_lists")
+"""The shared tests that are not parametrized but go over every architecture in one case (the evaluation and
+report of all side by side, the registry's folders, the table's prefixes, the demos, the guard against lists of
+names): run with the copy's own cases."""
+
+
+def shared_tests(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """pytest over tests/ with the copied folder on the package's path, in its own process (the registry is read
+    once per process), in the default tier."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plugin"),
+                                                                       os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "copied_folder", "-p", "no:cacheprovider",
+                           "--basetemp", str(tmp_path / "basetemp"), *args, "tests"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=3000)
+
+
+@pytest.mark.slow  # ~2 min on 2 busy cores: every shared test case of one architecture (54 for GLA's copy)
+def test_a_folder_copied_under_a_new_name_runs_every_shared_test_without_an_edit(tmp_path):
+    copy_folder(SOURCE, COPIED, tmp_path / "packages")
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "copied_folder.py").write_text(
+        PLUGIN.format(packages=str(tmp_path / "packages"), source=SOURCE, name=COPIED))
+    models_dir = Path(registry.__file__).parent
+    try:
+        listed = shared_tests(tmp_path, "--collect-only")
+        assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-3000:]
+        ids = [line for line in listed.stdout.splitlines() if "::" in line]
+        copied = [i for i in ids if COPIED in i]
+        # Every case of the copy is a case of its source, and every case of the source in a shared test (outside
+        # tests/models/<source>/) is one of the copy's but those that ask for what the copy lacks: a demo
+        # (experiments/demo-<arch>-*.yaml) and the official rows of the model table (checkpoints on the hub).
+        source_ids = {i for i in ids if re.search(rf"[\[-]{SOURCE}[\]-]", i)
+                      and not i.startswith(f"tests/models/{SOURCE}/")}
+        as_source = {i.replace(COPIED, SOURCE) for i in copied}
+        assert as_source <= source_ids, sorted(as_source - source_ids)
+        official = [row.name for row in table.rows(SOURCE) if row.hub_id is not None]
+        missing = sorted(source_ids - as_source)
+        assert all("demo" in i or any(f"{name}]" in i for name in official) for i in missing), missing
+        modules = {i.split("::")[0] for i in copied}
+        assert {i.split("::")[0] for i in source_ids} - {"tests/commands/test_demo.py"} <= modules
+        wide = [i for i in ids if any(word in i for word in REGISTRY_WIDE)]
+        assert len(wide) >= len(REGISTRY_WIDE)
+        ran = shared_tests(tmp_path, "-k", " or ".join((COPIED, *REGISTRY_WIDE)))
+        assert ran.returncode == 0, ran.stdout[-5000:] + ran.stderr[-3000:]
+        summary = ran.stdout.strip().splitlines()[-1]
+        assert re.search(rf"\b{len(copied) + len(wide)} passed", summary) and "skipped" not in summary, summary
+    finally:
+        assert not (models_dir / COPIED).exists()  # the copy never entered recurlen/models/
