@@ -19,6 +19,7 @@ written into a temporary directory next to it first, then renamed into place (th
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ from recurlen.commands.model_card import find_evidence, write_card
 from recurlen.models import official, registry, transformers_format
 from recurlen.models.export_manifest import MANIFEST_NAME, ExportManifest, read_manifest, source_id
 from recurlen.training.run_dir import load_model, run_dir_of
-from recurlen.util.atomic_files import host_name, write_text
+from recurlen.util.atomic_files import host_name, pid_alive, write_text
 from recurlen.util.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path:
     evidence = find_evidence(source, run_dir_of(source), eval_path) if settings.card else None  # before writing
     where = out.resolve()
     where.parent.mkdir(parents=True, exist_ok=True)
+    _remove_left_over_temporaries(where)
     # Next to --out, so that the renames into place stay on one file system; os.mkdir, not mkdtemp, whose 0700
     # would become the directory's mode.
     tmp = where.parent / f".{where.name}.export.{host_name()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -187,6 +189,16 @@ def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path:
         if tmp.exists():
             shutil.rmtree(tmp)  # ours alone; a failure before _install left --out as it was
     return out / weights.name
+
+
+def _remove_left_over_temporaries(where: Path) -> None:
+    """The temporary directories of exports to `where` that were killed (this machine, their process gone): each
+    holds a whole model's weights."""
+    for tmp in where.parent.glob(f".{glob.escape(where.name)}.export.{host_name()}.*.tmp"):
+        pid = tmp.name[:-len(".tmp")].rsplit(".", 2)[-2]
+        if tmp.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            log.info("removing %s, left by an export that did not finish", tmp)
+            shutil.rmtree(tmp)
 
 
 def _check_weights_conflict(out: Path, earlier: ExportManifest | None, settings: ExportSettings, model) -> None:

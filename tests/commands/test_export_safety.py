@@ -6,12 +6,14 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 
 import pytest
 
 from recurlen.commands import cli
 from recurlen.commands.export import ExportSettings, export
 from recurlen.training.finetune import run_finetune
+from recurlen.util.atomic_files import host_name
 
 
 def run(capsys, *argv):
@@ -127,3 +129,15 @@ def test_a_failed_export_leaves_out_as_it_was(tmp_path, run_dir, monkeypatch, ex
         export(str(run_dir), out, ExportSettings(format="transformers", dtype="bfloat16"))
     assert (snapshot(out) if existing else out.exists()) == (before if existing else False)
     assert sorted(p.name for p in tmp_path.iterdir()) == (["out"] if existing else [])  # no temporary left
+
+
+def test_a_killed_export_s_temporary_is_removed_by_the_next_export(capsys, tmp_path, run_dir):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process id that no longer runs
+    dead = tmp_path / f".out.export.{host_name()}.{gone.pid}.0123abcd.tmp"
+    alive = tmp_path / f".out.export.{host_name()}.{os.getpid()}.4567cdef.tmp"  # an export still writing
+    for tmp in (dead, alive):
+        tmp.mkdir()
+        (tmp / "model.safetensors").write_bytes(b"half a model")
+    assert run(capsys, "export", run_dir, "--out", tmp_path / "out", "card=false")[0] == 0
+    assert not dead.exists() and alive.is_dir()
