@@ -67,8 +67,22 @@ def _schema(command: str):
     return TaskExperimentConfig if command in (*TASK_COMMANDS, "config") else ExperimentConfig
 
 
-def _experiment(w: Words, command: str, default: str = "finetune"):
-    from recurlen.commands.preflight import experiment_plan
+def _experiment(w: Words, command: str, default: str = "finetune", *, lock: bool = True):
+    """Compose and check an experiment; a run that this machine would refuse is refused here (a held run
+    directory and a strategy that cannot run before the plan, which imports Lightning to size the memory)."""
+    from recurlen.training.devices import launch_rank
+    from recurlen.util.writer_lock import refusal
+
+    # The launcher's other ranks start while rank 0 holds the lock: only rank 0 looks at it.
+    lock = lock and launch_rank() == 0
+    run_dirs = [word.split("=", 1)[1] for word in w.words if word.startswith("run_dir=")]
+    if lock and not w.dry_run and run_dirs and run_dirs[-1]:
+        # A run directory named on the command line is looked at before torch and the config are imported (4 s
+        # at a load of 7): a second writer of it is refused in a fraction of a second.
+        held = refusal(run_dirs[-1], advice="choose another run_dir")
+        if held is not None:
+            raise held
+    from recurlen.commands.preflight import Refusals, early_refusal, experiment_plan
     from recurlen.training.experiments.compose import load_experiment
 
     with user_input():
@@ -79,14 +93,20 @@ def _experiment(w: Words, command: str, default: str = "finetune"):
         if command in TASK_COMMANDS and cfg.task.name != command:
             raise UserError(f"`recurlen {command}` runs experiments with task.name={command}; this one has "
                             f"task.name={cfg.task.name!r} (pick experiment={command} or set task.name={command})")
-        plan = experiment_plan(cfg, command=command)
-    return cfg, resolved, plan
+        if not w.dry_run:
+            early_refusal(cfg, lock=lock, strategy=command != "fit-noise")
+        refusals = Refusals()
+        plan = experiment_plan(cfg, command=command, refusals=refusals, lock=lock)
+        if not w.dry_run and refusals.early():  # every reason at once (all missing inputs in one line)
+            raise UserError("; ".join(refusals.early()))
+    return cfg, resolved, plan, refusals
 
 
 def cmd_finetune(w: Words) -> int:
-    cfg, _, plan = _experiment(w, "finetune")
+    cfg, _, plan, refusals = _experiment(w, "finetune")
     if w.dry_run:
-        return _dry(plan)
+        return _dry(plan, refusals)
+    log.info(set_threads(cfg.trainer.num_threads, setting="trainer.num_threads", choose=False))
     from recurlen.training.finetune import run_finetune
     from recurlen.util.errors import NonFinite
 
@@ -114,9 +134,10 @@ def cmd_config(w: Words) -> int:
 
 
 def cmd_fit_noise(w: Words) -> int:
-    cfg, _, plan = _experiment(w, "fit-noise")
+    cfg, _, plan, refusals = _experiment(w, "fit-noise", lock="out" not in w.paths)
     if w.dry_run:
-        return _dry(plan + [f"  output       {w.paths.get('out') or cfg.resolved_run_dir + '/fitted_noise.pt'}"])
+        return _dry(plan + [f"  output       {w.paths.get('out') or cfg.resolved_run_dir + '/fitted_noise.pt'}"],
+                    refusals)
     from recurlen.training.finetune import run_fit_noise
 
     path, stats = run_fit_noise(cfg, w.paths.get("out"))
@@ -127,9 +148,9 @@ def cmd_fit_noise(w: Words) -> int:
 
 def _task(name: str) -> Callable[[Words], int]:
     def run(w: Words) -> int:
-        cfg, _, plan = _experiment(w, name, default=name)
+        cfg, _, plan, refusals = _experiment(w, name, default=name)
         if w.dry_run:
-            return _dry(plan)
+            return _dry(plan, refusals)
         from recurlen.evaluation.tasks.runner import run_task
 
         log.info("%s done: %s", name, run_task(cfg))
@@ -138,9 +159,23 @@ def _task(name: str) -> Callable[[Words], int]:
     return run
 
 
-def _dry(plan: list[str]) -> int:
-    _out("\n".join(plan + ["dry run: everything resolved; nothing was loaded, trained or written"]))
+def _dry(plan: list[str], refusals=None) -> int:
+    """The plan, then "everything resolved" or what would make the run refuse to start here. Exit 0 either way: a
+    plan for another machine (a GPU cluster, a filled cache) is checked on this one."""
+    if refusals:
+        end = ["dry run: nothing was loaded, trained or written; on this machine the run would be refused:",
+               *(f"  - {text}" for text, _ in refusals.items)]
+    else:
+        end = ["dry run: everything resolved; nothing was loaded, trained or written"]
+    _out("\n".join(plan + end))
     return 0
+
+
+def set_threads(requested: int | None, *, setting: str, choose: bool = True) -> str:
+    """torch's threads for this command, said in one line (recurlen.util.threads)."""
+    from recurlen.util.threads import set_threads as set_torch_threads
+
+    return set_torch_threads(requested, setting=setting, choose=choose)
 
 
 # ---- evaluation: eval, report ------------------------------------------------------------------------------
@@ -201,6 +236,7 @@ def cmd_eval(w: Words) -> int:
                      f"  output         {cfg.output_dir}"])
     from recurlen.evaluation.heldout import evaluate_checkpoints
 
+    log.info(set_threads(cfg.num_threads, setting="num_threads"))
     log.info("wrote %s", evaluate_checkpoints(cfg, data))
     return 0
 
@@ -228,6 +264,7 @@ def cmd_report(w: Words) -> int:
     if w.dry_run:
         return _dry(["recurlen report: plan", f"  {len(runs)} evaluated runs, {len(tasks)} task results",
                      f"  output  {w.paths['out']}/report.md, results.json, plots"])
+    log.info(set_threads(None, setting="OMP_NUM_THREADS"))
     log.info("wrote %s", write_report(w.positional(), out_dir=w.paths["out"], title=settings.title))
     return 0
 
@@ -262,6 +299,7 @@ def cmd_generate(w: Words) -> int:
     if w.dry_run:
         return _dry(["recurlen generate: plan", f"  model  {source}", f"  {cfg.max_new_tokens} tokens after "
                      f"{cfg.prompt!r}"])
+    log.info(set_threads(None, setting="OMP_NUM_THREADS"))
     text, summary = generate_text(cfg, checkpoint=w.paths.get("checkpoint"))
     _out(text)
     log.info(summary)
@@ -288,6 +326,7 @@ def cmd_export(w: Words) -> int:
         plan = export_plan(w.positional()[0], w.paths["out"], settings, w.paths.get("eval"))
     if w.dry_run:
         return _dry(plan)
+    log.info(set_threads(None, setting="OMP_NUM_THREADS"))
     command = [*w.positional(), "--out", w.paths["out"], *settings_words,
                *(["--eval", w.paths["eval"]] if "eval" in w.paths else [])]
     export(w.positional()[0], w.paths["out"], settings, eval_path=w.paths.get("eval"), command=command)

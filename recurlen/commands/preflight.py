@@ -3,18 +3,28 @@
 Every command checks its inputs here before any heavy work (so a typo fails in a second, not after an
 hour on a GPU), and `--dry-run` prints the same resolution as the plan. A local path that does not exist
 is a UserError; a hub id is looked up in the local Hugging Face cache only, and one that is not there is
-reported as "would be downloaded" (the real run downloads it when online).
+reported as "would be downloaded" (the real run downloads it when online) or, with HF_HUB_OFFLINE=1, as missing:
+every missing input is listed at once, each with the `hf download` line that fetches it.
+
+A plan also collects what would make the run refuse to start on this machine (a strategy it cannot run, a
+directory another process writes, inputs missing offline, memory that does not fit, resume=never on a run): a dry
+run ends with them instead of "everything resolved", and the real run refuses with them in one line before it
+imports Lightning or builds anything (Refusals).
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from recurlen.models import registry
+from recurlen.training.devices import strategy_problem
 from recurlen.training.run_dir import CHECKPOINTS_DIR, LAST_CHECKPOINT, RunDir
 from recurlen.util.errors import UserError
-from recurlen.util.hub import hub_file_parts
+from recurlen.util.hub import hub_file_parts, offline
 from recurlen.util.tokenizers import package_file
+from recurlen.util.writer_lock import refusal as writer_refusal
 
 RUN_CHECKPOINT = Path(CHECKPOINTS_DIR) / LAST_CHECKPOINT
 
@@ -34,12 +44,69 @@ def _hub_cached(repo_id: str, filename: str) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, filename), str)
 
 
+@dataclass
+class Missing:
+    """Inputs of a plan that are not in the local Hugging Face cache, each with the command that fetches it."""
+
+    items: list[tuple[str, str]] = field(default_factory=list)
+    """(what, `hf download ...` arguments)"""
+
+    def add(self, what: str, command: str) -> None:
+        self.items.append((what, command))
+
+    def lines(self) -> list[str]:
+        """The plan's lines: where the cache is, then each item's command."""
+        if not self.items:
+            return []
+        from huggingface_hub import constants
+
+        home = os.environ.get("HF_HOME") or str(Path(constants.HF_HUB_CACHE).parent)
+        head = (f"missing      {len(self.items)} input(s) not in the local Hugging Face cache "
+                f"({constants.HF_HUB_CACHE})"
+                + (", HF_HUB_OFFLINE=1: nothing is downloaded" if offline() else ": the run downloads them")
+                + f"; to fetch them first, on a machine with network (export HF_HOME={home}):")
+        width = max(len(command) for _, command in self.items)
+        return [head, *(f"               {command:{width}s}   # {what}" for what, command in self.items)]
+
+    def refusal(self) -> str | None:
+        if not self.items or not offline():
+            return None
+        from huggingface_hub import constants
+
+        home = os.environ.get("HF_HOME") or str(Path(constants.HF_HUB_CACHE).parent)
+        return (f"{len(self.items)} input(s) are not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+                f"HF_HUB_OFFLINE=1 is set, so nothing is downloaded: {', '.join(w for w, _ in self.items)}; on a "
+                f"machine with network run `export HF_HOME={home}; "
+                + "; ".join(c for _, c in self.items) + "` (older huggingface_hub: huggingface-cli download) into "
+                "that cache or a copy of it HF_HOME points at here; then rerun")
+
+
+@dataclass
+class Refusals:
+    """What would make a run refuse to start on this machine; `early` ones the command refuses with before
+    importing Lightning (the others the run says itself, once it has loaded what it measures)."""
+
+    items: list[tuple[str, bool]] = field(default_factory=list)
+
+    def add(self, text: str, *, early: bool = True) -> None:
+        self.items.append((text, early))
+
+    def early(self) -> list[str]:
+        return [text for text, early in self.items if early]
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
 def _cache_note(cached: bool) -> str:
-    return "in the local cache" if cached else "not in the local cache: would be downloaded"
+    if cached:
+        return "in the local cache"
+    return "not in the local cache" + (" and HF_HUB_OFFLINE=1: missing" if offline() else ": would be downloaded")
 
 
-def describe_checkpoint(spec: str) -> str:
-    """Where a model would come from: a run directory, a .ckpt, a pretrained directory or a hub id."""
+def describe_checkpoint(spec: str, missing: Missing | None = None) -> str:
+    """Where a model would come from: a run directory, a .ckpt, a pretrained directory or a hub id (one that is
+    not in the local cache goes into `missing`)."""
     path = Path(spec).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -58,14 +125,20 @@ def describe_checkpoint(spec: str) -> str:
                     from None
         return f"{spec} (checkpoint file)"
     if looks_like_hub_id(spec):
-        return f"{spec} (hub id, {_cache_note(_hub_cached(spec, 'config.json'))})"
+        cached = _hub_cached(spec, "config.json")
+        if not cached and missing is not None:
+            missing.add(f"checkpoint {spec}", f"hf download {spec}")
+        return f"{spec} (hub id, {_cache_note(cached)})"
     if (parts := hub_file_parts(spec)) is not None:
-        return f"{spec} (file of a hub repository, {_cache_note(_hub_cached(*parts))})"
+        cached = _hub_cached(*parts)
+        if not cached and missing is not None:
+            missing.add(f"checkpoint {spec}", f"hf download {parts[0]} {parts[1]}")
+        return f"{spec} (file of a hub repository, {_cache_note(cached)})"
     raise UserError(f"checkpoint {spec!r} does not exist; allowed: a run directory, a .ckpt file, a pretrained "
                     "directory, a hub id (owner/name) or a file of one (owner/name/file)")
 
 
-def describe_tokenizer(spec: str) -> str:
+def describe_tokenizer(spec: str, missing: Missing | None = None) -> str:
     if spec in ("bytes", "byte"):
         return "bytes"
     if spec.startswith("package:"):  # a vocabulary file shipped in an installed package
@@ -74,13 +147,16 @@ def describe_tokenizer(spec: str) -> str:
         return f"{spec} (local)"
     if looks_like_hub_id(spec):
         cached = _hub_cached(spec, "tokenizer.json") or _hub_cached(spec, "tokenizer_config.json")
+        if not cached and missing is not None:  # the tokenizer's files, not a model's weights
+            missing.add(f"tokenizer {spec}", f"hf download {spec} --include '*.json'")
         return f"{spec} (hub id, {_cache_note(cached)})"
     raise UserError(f"tokenizer {spec!r} does not exist; allowed: 'bytes', a tokenizer.json file, a tokenizer "
                     "directory, a vocabulary list file, package:<package>/<file>, or a hub id (owner/name)")
 
 
-def describe_data(data) -> str:
-    """The data source (local files must exist), tokenizer and shape of a DataConfig."""
+def describe_data(data, missing: Missing | None = None) -> str:
+    """The data source (local files must exist), tokenizer and shape of a DataConfig (a streamed hub dataset
+    offline, and a tokenizer not in the cache, go into `missing`)."""
     from recurlen.training.data.sources import resolve_source
 
     try:
@@ -89,17 +165,43 @@ def describe_data(data) -> str:
         raise UserError(str(err)) from err
     if source.kind == "hf":
         what = f"hub dataset {source.location} ({'streamed' if data.streaming else 'downloaded or cached'})"
+        datasets_offline = offline() or os.environ.get("HF_DATASETS_OFFLINE", "0").strip().lower() in ("1", "true")
+        if data.streaming and datasets_offline:  # datasets cannot stream a hub dataset without network
+            local = f"data/{source.location.split('/')[-1]}"
+            what += ": cannot be streamed offline"
+            if missing is not None:
+                missing.add(f"data hf:{source.location} (then data.source={local}/FILE)",
+                            f"hf download {source.location} FILE... --repo-type dataset --local-dir {local}")
     elif source.kind == "embedded":
         what = "embedded corpus (the Python standard library's .py files)"
     else:
         what = f"{data.source} ({len(source.files)} files)"
     cap = f", first {data.max_documents} documents" if data.max_documents else ""
-    return (f"{what}{cap}; tokenizer {describe_tokenizer(data.tokenizer)}; T = {data.seq_len}, "
+    return (f"{what}{cap}; tokenizer {describe_tokenizer(data.tokenizer, missing)}; T = {data.seq_len}, "
             f"batch {data.batch_size} per rank, layout {data.layout}")
 
 
-def experiment_plan(cfg, *, command: str) -> list[str]:
-    """Resolve an experiment's inputs (UserError for a missing local one) and describe the run."""
+def early_refusal(cfg, *, lock: bool = True, strategy: bool = True) -> None:
+    """What refuses a run before anything is imported or built: a strategy this machine cannot run, and a run
+    directory another live process writes (its writer.json: recurlen.util.writer_lock.refusal)."""
+    if strategy:
+        problem = strategy_problem(str(cfg.trainer.strategy), str(cfg.trainer.accelerator))
+        if problem:
+            raise UserError(problem)
+    if lock:
+        run = RunDir(cfg.resolved_run_dir)
+        run.check_location()
+        held = writer_refusal(run.path, advice="choose another run_dir")
+        if held is not None:
+            raise held
+
+
+def experiment_plan(cfg, *, command: str, refusals: Refusals | None = None, lock: bool = True) -> list[str]:
+    """Resolve an experiment's inputs (UserError for a missing local one) and describe the run; what would make
+    it refuse to start here goes into `refusals` (`lock`: whether the command takes the run directory's writer
+    lock in this process)."""
+    refusals = Refusals() if refusals is None else refusals
+    missing = Missing()
     run = RunDir(cfg.resolved_run_dir)
     run.check_location()
     run_dir = run.path
@@ -113,6 +215,8 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
             resume += f"; the earlier run moves to {run.archive}/<time>/"
         elif run.run_files() and cfg.resume == "never":
             resume = "will be refused: run_dir holds a run; resume=archive moves it aside"
+            refusals.add(f"run_dir={run_dir} holds a run and resume=never; resume=archive moves it aside, "
+                         "resume=auto continues it", early=False)
     elif cfg.resume == "auto":
         # What the run refuses once it has built the model and read the checkpoint (another model, intervention,
         # data: a run directory of an earlier run), the dry run refuses now, from the run's config.yaml.
@@ -125,16 +229,23 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
         resume = f"resumes from the furthest-trained intact checkpoint: {ckpt} (the next one if it is damaged)"
     else:
         resume = f"from {cfg.resume}"
-    model = (describe_checkpoint(cfg.model.pretrained) if cfg.model.pretrained
+    model = (describe_checkpoint(cfg.model.pretrained, missing) if cfg.model.pretrained
              else f"new {cfg.model.name}, random initialisation (trained from scratch, model.pretrained unset): "
                   f"{registry.get(cfg.model.architecture).describe(cfg.model.config)}")
     t = cfg.trainer
     devices = (f"{t.accelerator} x {t.devices} devices x {t.num_nodes} nodes, strategy {t.strategy}, "
                f"precision {t.precision}")
+    strategy = strategy_problem(str(t.strategy), str(t.accelerator))
+    if strategy:
+        devices += " (not on this machine)"
+        refusals.add(strategy)
+    held = writer_refusal(run_dir, advice="choose another run_dir") if lock else None
+    if held is not None:
+        refusals.add(str(held))
     iv = cfg.intervention
     lines = [f"experiment   {cfg.name} -> {run_dir} ({resume})",
              f"model        {model} (backend {cfg.model.backend})",
-             f"data         {describe_data(cfg.data)}",
+             f"data         {describe_data(cfg.data, missing)}",
              f"intervention {iv.name}" + (f" (reset_prob {iv.reset_prob})" if iv.name in ("state_passing", "tbptt")
                                           else ""),
              f"training     {t.max_steps} steps, lr {cfg.optim.lr:g}, {devices}"]
@@ -147,12 +258,17 @@ def experiment_plan(cfg, *, command: str) -> list[str]:
             raise UserError(f"data: {err}") from None
         if held_out:
             lines.insert(3, f"held-out     {held_out}")
-    lines.append(f"memory       {_memory_line(cfg)}")
+    lines += missing.lines()
+    if missing.refusal():
+        refusals.add(missing.refusal())
+    lines.append(f"memory       {_memory_line(cfg, refusals)}")
     lines.append(f"logs         {_logs_line(t.loggers, run)}")
     task = getattr(cfg, "task", None)  # task experiments only
     if task is not None and task.name:
         lines.append(f"task         {task.name} (train: {str(task.train).lower()}), lengths "
                      f"{list(task.lengths or [])}")
+    if held is not None:
+        lines.append(f"writer       refused: {held}")
     return [f"recurlen {command}: plan"] + [f"  {line}" for line in lines]
 
 
@@ -164,7 +280,7 @@ def _logs_line(names: list[str], run: RunDir) -> str:
     return loggers.describe(names, run)
 
 
-def _memory_line(cfg) -> str:
+def _memory_line(cfg, refusals: Refusals | None = None) -> str:
     """The estimate of recurlen.training.memory for the shape cfg.model names, and whether it fits here."""
     from recurlen.training import memory
 
@@ -175,8 +291,12 @@ def _memory_line(cfg) -> str:
     if available is None:
         return est.describe()
     verdict = "fits" if est.total <= available else "does NOT fit: the run will refuse to start"
+    if est.total > available and refusals is not None:  # the run says it itself, with the loaded model's shape
+        refusals.add(f"memory: {memory.size_text(est.total)} per rank does not fit in the "
+                     f"{memory.size_text(available)} available here", early=False)
     return (f"{est.describe()}; {memory.size_text(available)} available here: {verdict}"
             + (f" (about {est.lanes_that_fit(available)} lanes would)" if est.total > available else ""))
 
 
-__all__ = ["describe_checkpoint", "describe_data", "describe_tokenizer", "experiment_plan", "looks_like_hub_id"]
+__all__ = ["Missing", "Refusals", "describe_checkpoint", "describe_data", "describe_tokenizer", "early_refusal",
+           "experiment_plan", "looks_like_hub_id"]

@@ -22,6 +22,7 @@ from recurlen.models.interface import RecurrentLM
 from recurlen.training import memory
 from recurlen.training.csv_logger import ContinueMetricsFile
 from recurlen.training.data.datamodule import RecurlenDataModule
+from recurlen.training.devices import check_devices, check_strategy, launch_rank
 from recurlen.training.divergence import SkipBatches, StepHealth, model_default_lr, plan_recovery, with_lr
 from recurlen.training.experiments.compose import resolved_config
 from recurlen.training.experiments.schema import ExperimentConfig
@@ -34,7 +35,7 @@ from recurlen.training.progress_bar import StepProgressBar
 from recurlen.training.resume import decide, record
 from recurlen.training.run_dir import LAST_CHECKPOINT, STEP_CHECKPOINT, RunDir, load_model
 from recurlen.util.atomic_files import check_file_size_limit, save_torch, write_json
-from recurlen.util.errors import Interrupted, NonFinite, UserError, user_input
+from recurlen.util.errors import Interrupted, NonFinite, user_input
 from recurlen.util.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
@@ -192,41 +193,6 @@ def _is_fsdp(strategy: str) -> bool:
     return str(strategy).startswith("fsdp")
 
 
-def check_devices(t) -> None:
-    """Devices this machine cannot give are a one-line error before any model or data is built (Lightning would
-    say so with a traceback, after the heavy work)."""
-    accelerator = str(t.accelerator).lower()
-    if accelerator in ("gpu", "cuda"):
-        if not torch.cuda.is_available():
-            raise UserError(f"trainer.accelerator={t.accelerator} but this machine has no usable CUDA GPU (torch "
-                            f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'}); use "
-                            "trainer.accelerator=cpu or auto")
-        devices = str(t.devices)
-        count = torch.cuda.device_count()
-        if devices in ("auto", "-1"):
-            wanted = 0
-        elif devices.isdigit():
-            wanted = int(devices)
-        else:
-            wanted = len([d for d in devices.split(",") if d.strip()])
-        if wanted > count:
-            raise UserError(f"trainer.devices={devices} asks for {wanted} GPUs; this machine has {count}")
-    if accelerator == "mps" and not torch.backends.mps.is_available():
-        raise UserError("trainer.accelerator=mps but MPS is not available here; use trainer.accelerator=cpu or auto")
-
-
-def launch_rank() -> int:
-    """This process's rank as its launcher set it, before the Trainer exists (0 for a plain single process)."""
-    import os
-
-    for name in ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    node = int(os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or 0)
-    local = int(os.environ.get("LOCAL_RANK") or 0)
-    return 0 if node == 0 and local == 0 else 1
-
-
 def diagnostics_callbacks(cfg: ExperimentConfig, datamodule: L.LightningDataModule) -> list[Callback]:
     """The validation diagnostics that cfg.diagnostics asks for, on the DataModule's long held-out sequences.
 
@@ -281,6 +247,7 @@ def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | N
     run = RunDir(cfg.resolved_run_dir)
     resolved = resolved_config(cfg)
     check_devices(cfg.trainer)
+    check_strategy(cfg.trainer)
     check_installed(cfg.trainer.loggers)
     rank = launch_rank()
     # Before anything is built or written: a second process on this run directory is refused at once.

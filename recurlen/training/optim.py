@@ -35,8 +35,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.lr_from_pretrain is not None and not 0 < self.lr_from_pretrain <= 1:
             raise ValueError(f"optim.lr_from_pretrain must be in (0, 1] or null; got {self.lr_from_pretrain}")
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr must be > 0; got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):  # `not >` refuses nan too; inf needs isfinite
+            raise ValueError(f"optim.lr must be a finite number > 0; got {self.lr}")
         if self.weight_decay < 0:
             raise ValueError(f"optim.weight_decay must be >= 0; got {self.weight_decay}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

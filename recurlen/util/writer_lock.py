@@ -282,6 +282,23 @@ def release_all() -> None:
         lock.release()
 
 
+def refusal(directory: str | os.PathLike, *, advice: str = "") -> LockHeld | None:
+    """The refusal that taking the directory's writer lock would meet now (a live writer's record), or None; reads
+    writer.json only, so it takes, creates and waits for nothing: a command says it in its first second, before the
+    imports and the preflight, and a dry run says it too. The lock itself stays the judge (a process that starts
+    between this look and its acquire, or a left-behind process that still holds the flock, is refused there)."""
+    lock = WriterLock(directory, advice=advice)
+    record = read_record(lock.record_path)
+    if not record:  # none, or not a record: its age alone cannot tell a live writer here
+        return None
+    now = time.time()
+    if record.get("host") == host_name() and record.get("pid") == os.getpid():
+        return None  # this process's own hold
+    if stale_reason(record, now=now, modified=_mtime(lock.record_path) or now, stale_after_s=lock.stale_after_s):
+        return None  # gone: the run takes it over
+    return lock._refusal(record, flock_held=False)
+
+
 @contextlib.contextmanager
 def hold(directory: str | os.PathLike, *, advice: str = "") -> Iterator[WriterLock]:
     """Hold the directory's writer lock for the block; a nested hold of a directory this process holds reuses it."""
@@ -294,4 +311,4 @@ def hold(directory: str | os.PathLike, *, advice: str = "") -> Iterator[WriterLo
 
 
 __all__ = ["HEARTBEAT_S", "LOCK_FILE", "RECORD_FILE", "STALE_AFTER_S", "LockHeld", "WriterLock", "hold",
-           "read_record", "release_all", "stale_reason"]
+           "read_record", "refusal", "release_all", "stale_reason"]

@@ -127,10 +127,9 @@ def no_hub(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("argv", "hub_id"), [
-    (["finetune", "model=780m", "trainer.accelerator=cpu"], "EleutherAI/gpt-neox-20b"),  # its tokenizer, read first
     (["eval", "state-spaces/mamba2-780m"], "state-spaces/mamba2-780m"),
     (["generate", "--checkpoint", "state-spaces/mamba2-130m"], "state-spaces/mamba2-130m"),
-], ids=["finetune", "eval", "generate"])
+], ids=["eval", "generate"])
 def test_a_hub_id_missing_from_the_cache_says_how_to_fetch_it(tmp_path, capsys, no_hub, argv, hub_id):
     out = tmp_path / "out"
     argv = [*argv, f"run_dir={out}"] if argv[0] == "finetune" else [*argv, "--out", str(out)] \
@@ -138,6 +137,84 @@ def test_a_hub_id_missing_from_the_cache_says_how_to_fetch_it(tmp_path, capsys, 
     one_line_error(capsys, argv, f"'{hub_id}' is not in the local Hugging Face cache ({no_hub / 'hub'}) and "
                    "HF_HUB_OFFLINE=1 is set", f"`HF_HOME={no_hub} hf download {hub_id}`", "(HF_HOME)")
     assert not out.exists()
+
+
+HUB_780M = ("checkpoint state-spaces/mamba2-780m", "hf download state-spaces/mamba2-780m",
+            "tokenizer EleutherAI/gpt-neox-20b", "hf download EleutherAI/gpt-neox-20b --include '*.json'",
+            "data hf:monology/pile-uncopyrighted",
+            "hf download monology/pile-uncopyrighted FILE... --repo-type dataset")
+
+
+def test_the_780m_run_offline_names_every_missing_input_at_once(tmp_path, capsys, no_hub):
+    """Checkpoint, tokenizer and data in one line, each with its command (the run named the tokenizer alone)."""
+    out = tmp_path / "out"
+    line = one_line_error(capsys, ["finetune", "model=780m", "trainer.accelerator=cpu", f"run_dir={out}"],
+                          f"3 input(s) are not in the local Hugging Face cache ({no_hub / 'hub'}) and HF_HUB_OFFLINE=1 "
+                          f"is set", f"`export HF_HOME={no_hub}; ", *HUB_780M)
+    assert "would be downloaded" not in line and not out.exists()
+
+
+def test_the_780m_dry_run_offline_lists_what_is_missing_and_what_would_be_refused(tmp_path, capsys, no_hub,
+                                                                                    monkeypatch):
+    from recurlen.training import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**30)  # 1 GiB here: 780m does NOT fit
+    assert cli.main(["finetune", "model=780m", "trainer.accelerator=cpu", f"run_dir={tmp_path / 'out'}",
+                     "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would be downloaded" not in out and "everything resolved" not in out, out
+    for needle in HUB_780M:
+        assert needle in out, needle
+    commands = [line.split("#")[0].strip() for line in out.splitlines() if line.strip().startswith("hf download")]
+    assert len(commands) == 3, out
+    end = out[out.index("dry run: "):].splitlines()
+    assert end[0] == "dry run: nothing was loaded, trained or written; on this machine the run would be refused:"
+    assert end[1].startswith("  - 3 input(s) are not in the local Hugging Face cache") and \
+        end[2].startswith("  - memory: ") and end[2].endswith("does not fit in the 1.00 GiB available here"), end
+    assert not (tmp_path / "out").exists()
+
+
+def test_online_a_missing_hub_input_would_be_downloaded_and_is_no_refusal(tmp_path, capsys, no_hub, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert cli.main(["finetune", "model=780m", "trainer.accelerator=cpu", "data=embedded",
+                     f"run_dir={tmp_path / 'out'}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "state-spaces/mamba2-780m (hub id, not in the local cache: would be downloaded)" in out
+    assert "hf download state-spaces/mamba2-780m" in out and "3 input(s)" not in out
+    assert "HF_HUB_OFFLINE" not in out.split("dry run: ")[-1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU machine's strategies")
+@pytest.mark.parametrize(("strategy", "why"), [
+    ("fsdp", "needs a CUDA GPU (Lightning runs it on CUDA only)"),
+    ("deepspeed", "needs a CUDA GPU (Lightning runs it on CUDA only)"),
+    ("ddp_spawn", "is not supported: it pickles the Trainer into spawned processes"),
+])
+def test_a_strategy_this_machine_cannot_run_is_one_line_before_anything_is_written(tmp_path, cache_dir, capsys,
+                                                                                  strategy, why):
+    run = tmp_path / "run"
+    argv = [*finetune(run, cache_dir), f"trainer.strategy={strategy}"]
+    line = one_line_error(capsys, argv, f"trainer.strategy={strategy} {why}",
+                          "trainer.accelerator=cpu on this machine trains on the CPU, where these run: auto, "
+                          "single_device, ddp")
+    assert not run.exists()
+    assert cli.main([*argv, "--dry-run"]) == 0  # the dry run says the same, and not "everything resolved"
+    out = capsys.readouterr().out
+    assert "everything resolved" not in out and f"  - {line.split('error: ', 1)[1]}" in out.splitlines(), out
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "+inf", "Infinity"])
+def test_a_non_finite_learning_rate_is_refused_with_one_line_before_the_run_directory(tmp_path, cache_dir, capsys,
+                                                                                      value):
+    run = tmp_path / "run"
+    line = one_line_error(capsys, [*finetune(run, cache_dir), f"optim.lr={value}"], "optim.lr must be a finite number; "
+                          "got ")
+    assert line.split("; got ")[1] in ("inf", "-inf", "nan")  # omegaconf reads each as a float
+    assert not run.exists()
+    one_line_error(capsys, [*finetune(run, cache_dir), "optim.grad_clip=inf"], "optim.grad_clip must be a finite "
+                   "number; got inf")
+    assert not run.exists()
 
 
 def test_a_failed_download_is_one_line_too(no_hub, monkeypatch):

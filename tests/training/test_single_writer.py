@@ -92,3 +92,46 @@ def test_a_run_killed_with_kill_9_leaves_its_lock_and_the_rerun_takes_it_over(tm
     assert f"pid {killed.pid} no longer runs on this host" in caplog.text
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
     assert not (run / "writer.json").exists() and not (run / "writer.lock").exists()
+
+
+def hold_elsewhere(directory: Path) -> subprocess.Popen:
+    """Another process that holds the directory's writer lock until its stdin closes."""
+    code = ("import sys; from recurlen.util.writer_lock import WriterLock; WriterLock(sys.argv[1]).acquire(); "
+            "print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_held_run_directory_is_refused_before_torch_lightning_and_the_config_are_imported(tmp_path, cache_dir):
+    """The refusal costs an interpreter start (it came after the imports and the preflight: 7 s at a load of 3)."""
+    run = tmp_path / "run"
+    holder = hold_elsewhere(run)
+    try:
+        code = ("import sys; from recurlen.commands import cli; rc = cli.main(sys.argv[1:]); "
+                "print(rc, [m for m in ('torch', 'lightning', 'datasets', 'omegaconf') if m in sys.modules])")
+        done = subprocess.run([sys.executable, "-c", code, *words(run, cache_dir)], cwd=REPO, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    finally:
+        holder.communicate(input="")
+    assert done.stdout.strip() == "2 []", (done.stdout, done.stderr[-3000:])
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"recurlen finetune: error: {run} is being written by another "
+                                                     f"process: pid {holder.pid} on this host ("), done.stderr
+
+
+def test_a_dry_run_on_a_held_run_directory_names_the_holder(tmp_path, cache_dir, capsys):
+    run = tmp_path / "run"
+    holder = hold_elsewhere(run)
+    try:
+        assert cli.main([*words(run, cache_dir), "--dry-run"]) == 0
+        assert sorted(os.listdir(run)) == ["writer.json", "writer.lock"]  # the holder's; the dry run wrote nothing
+        assert read_record(run / "writer.json")["pid"] == holder.pid
+    finally:
+        holder.communicate(input="")
+    out = capsys.readouterr().out
+    held = f"{run} is being written by another process: pid {holder.pid} on this host ("
+    assert f"  writer       refused: {held}" in out and "everything resolved" not in out, out
+    end = out[out.index("dry run: "):].splitlines()
+    assert end[0].endswith("on this machine the run would be refused:") and end[1].startswith(f"  - {held}"), end

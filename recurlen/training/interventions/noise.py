@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from lightning.pytorch.utilities import rank_zero_warn
 
 from recurlen.models.state import LayeredState
 from recurlen.training.interventions.base import Intervention, step_generator
@@ -152,6 +151,9 @@ class FittedNoise(RandomNoise):
         saved = state.get("fitted_noise_refresh")
         if self.refresh is not None and saved is not None:
             if saved["mode"] != self.refresh.mode:
+                # Imported here: composing a config imports this package, and Lightning costs seconds to import.
+                from lightning.pytorch.utilities import rank_zero_warn
+
                 rank_zero_warn(f"the checkpoint's fitted-noise refresh was {saved['mode']!r}, this run's is "
                                f"{self.refresh.mode!r}: it continues from the saved moments with the new rule")
             self.refresh.load_state_dict(saved)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 
 from recurlen.models.state import LayeredState
 from recurlen.training.interventions.base import Intervention, step_generator
@@ -98,6 +97,9 @@ class StatePassing(Intervention):
             return
         ranks = self.ranks
         if carried["world_size"] != ranks.world_size:
+            # Imported here: composing a config imports this package, and Lightning costs seconds to import.
+            from lightning.pytorch.utilities import rank_zero_warn
+
             rank_zero_warn(f"the checkpoint carried lane states for world size {carried['world_size']} but this run "
                            f"has {ranks.world_size}; lanes cannot be mapped, so every lane restarts from a zero state")
             return
