@@ -35,7 +35,8 @@ from recurlen.diagnostics.model_access import available_length, require_state_ap
 from recurlen.diagnostics.plots import PLOT_NAMES, RESULTS_NAME, write_plots
 from recurlen.diagnostics.positionwise import evaluate_positionwise
 from recurlen.models import registry
-from recurlen.training.run_dir import load_model
+from recurlen.training.resume import checkpoint_to_read
+from recurlen.training.run_dir import load_model, run_dir_of
 from recurlen.util.atomic_files import json_safe, write_json
 from recurlen.util.errors import UserError
 
@@ -222,13 +223,23 @@ def _summary_line(entry: dict) -> str:
     return " | ".join(parts)
 
 
+def _checkpoint_of(path: str) -> str:
+    """A run directory is evaluated at the checkpoint its resume would continue from, chosen by the resume's own
+    checks (recurlen.training.resume.checkpoint_to_read): a damaged last.ckpt falls back to the intact checkpoint
+    of the same step. Any other source is loaded as given."""
+    run, p = run_dir_of(path), Path(path).expanduser()
+    if run is None or not p.is_dir() or (p / "config.json").is_file() or not run.has_checkpoint():
+        return path
+    return str(checkpoint_to_read(run))
+
+
 def run_eval(cfg: EvalConfig, sequences: torch.Tensor | list[torch.Tensor]) -> dict:
     """Evaluate every checkpoint of cfg on the held-out sequences; write results.json and plots."""
     device = resolve_device(cfg.device)
     out_dir = Path(cfg.output_dir)
     runs = []
     for label, path in cfg.labelled_checkpoints():
-        loaded = load_model(path, backend=cfg.backend, device=device)
+        loaded = load_model(_checkpoint_of(path), backend=cfg.backend, device=device)
         train_len = cfg.train_len or loaded.train_seq_len
         if train_len is None:
             raise UserError(f"eval [{label}]: {path} does not record its training context; set train_len= "

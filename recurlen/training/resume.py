@@ -204,6 +204,47 @@ def move_aside(path: Path) -> Path:
     return target
 
 
+def checkpoint_to_read(run: RunDir) -> Path:
+    """The checkpoint that evaluates run (`recurlen eval RUN`): the one a resume would continue from, found by the
+    same checks (`validate_checkpoint`, furthest-trained first), without moving anything (a reader never changes a
+    run directory).
+
+    That is last.ckpt when it is intact and the furthest. When last.ckpt is damaged, the furthest intact checkpoint
+    is used only if it holds the run's last step (trainer.max_steps of its config.yaml: the same weights as the
+    last.ckpt of a finished run); an earlier one would be another model than the one the run ended with, which is a
+    one-line error naming it. A step checkpoint further than an intact last.ckpt (a write of last.ckpt was cut
+    short) is the further-trained model, with a warning."""
+    last = run.last_checkpoint
+    damaged: dict[Path, str] = {}
+    chosen, step = None, 0
+    for path in run.checkpoint_candidates():
+        try:
+            step = int(validate_checkpoint(path)["global_step"])
+        except Damaged as why:
+            damaged[path] = str(why)
+            continue
+        chosen = path
+        break
+    if chosen is None:
+        raise UserError(f"no intact checkpoint in {run.path}: "
+                        f"{'; '.join(f'{p.name} {why}' for p, why in damaged.items())}; nothing to evaluate")
+    if chosen == last:
+        return chosen
+    if last not in damaged:
+        log.warning("evaluating %s (step %d): it is further trained than %s (a write of %s was interrupted)", chosen,
+                    step, last.name, last.name)
+        return chosen
+    max_steps = ((run.read_config() or {}).get("trainer") or {}).get("max_steps")
+    if max_steps is not None and step >= int(max_steps):
+        log.warning("%s %s: evaluating %s instead, the intact checkpoint of the same step (%d, the run's "
+                    "trainer.max_steps)", last, damaged[last], chosen.name, step)
+        return chosen
+    raise UserError(f"{last} {damaged[last]}, and the furthest intact checkpoint, {chosen}, holds step {step}, not "
+                    f"the run's last (trainer.max_steps={max_steps}): evaluating it would measure another model than "
+                    f"the one the run ended with; evaluate it by name (recurlen eval {chosen}) or resume the run to "
+                    "finish it")
+
+
 def newest_finite_checkpoint(run: RunDir) -> tuple[str, int] | None:
     """(path, global step) of the furthest-trained checkpoint of the run that loads and holds only finite weights."""
     for path in run.checkpoint_candidates():
@@ -231,6 +272,33 @@ class Decision:
     archived_to: str | None = None
     finished: bool = False
     """The checkpoint already reached trainer.max_steps: nothing to train (and nothing is changed)."""
+
+
+def _refuse_another_models_checkpoints(run: RunDir, candidates: list[Path], model: torch.nn.Module) -> None:
+    """Every checkpoint of the run directory must hold the model this run builds, not only the one a resume picks:
+    a checkpoint of another model put there (a copied last.ckpt) was otherwise skipped when an own checkpoint was
+    further trained, and then overwritten by the next last.ckpt without a word. Each file's model is read from its
+    metadata (memory-mapped: the weights are not read); damaged files are the resume loop's business."""
+    mine, foreign = 0, []
+    for path in candidates:
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            meta, weights = ckpt[RUN_META_KEY], ckpt["state_dict"]
+            _check_model(path, meta, weights, model)
+        except ModelMismatch as err:
+            foreign.append((path, err))
+        except Exception:  # noqa: BLE001 - damaged or not recurlen's: examined (and moved aside) by the resume loop
+            continue
+        else:
+            mine += 1
+    if not foreign:
+        return
+    path, err = foreign[0]
+    if not mine:  # the model asked for differs from the run's (a fixed setting changed)
+        raise UserError(f"{err}: the model is fixed for a run; {_new_run_hint(run)}")
+    raise UserError(f"{err}, while its other checkpoints hold this run's model: a run directory holds one model's "
+                    f"checkpoints (the next {path.name} written would replace it); move it out of {path.parent} if it "
+                    f"does not belong to this run, or {_new_run_hint(run)}")
 
 
 def _new_run_hint(run: RunDir) -> str:
@@ -267,6 +335,8 @@ def decide(run: RunDir, resume: str, requested: dict, model: torch.nn.Module, *,
     candidates = [Path(resume)] if explicit else run.checkpoint_candidates()
     if explicit and not candidates[0].is_file():
         raise UserError(f"resume={resume}: no such checkpoint file (use 'auto', 'never', 'archive' or a .ckpt path)")
+    if not explicit:
+        _refuse_another_models_checkpoints(run, candidates, model)
     moved: list[str] = []
     chosen, ckpt = None, None
     for path in candidates:
@@ -459,6 +529,7 @@ def record(run: RunDir, resolved: dict, decision: Decision, *, note: dict | None
     run.save_config(resolved)
 
 
-__all__ = ["CHANGEABLE", "FIXED", "Damaged", "Decision", "Difference", "ModelMismatch", "config_differences",
+__all__ = ["CHANGEABLE", "FIXED", "Damaged", "Decision", "Difference", "ModelMismatch", "checkpoint_to_read",
+           "config_differences",
            "decide", "kind_of", "move_aside", "newest_finite_checkpoint", "record", "resume_refusal",
            "revalidate_pending", "validate_checkpoint", "validation_due"]
