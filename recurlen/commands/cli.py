@@ -107,11 +107,16 @@ def cmd_finetune(w: Words) -> int:
     if w.dry_run:
         return _dry(plan, refusals)
     log.info(set_threads(cfg.trainer.num_threads, setting="trainer.num_threads", choose=False))
+    import shlex
+
     from recurlen.training.finetune import run_finetune
+    from recurlen.training.lost_rank import LostRank
     from recurlen.util.errors import NonFinite
 
     try:
         run_dir = run_finetune(cfg)
+    except LostRank as err:  # the command that resumes the run, as typed
+        raise err.with_command(shlex.join(["recurlen", "finetune", *w.words])) from None
     except NonFinite as err:  # the advice as the exact command that follows it
         if not err.overrides:
             raise
@@ -471,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return command.run(words)
     except Interrupted as err:  # stopped on a signal after writing a checkpoint: resumable, not a success
-        sys.stderr.write(f"recurlen {name}: {err}\n")
+        if not getattr(err, "elsewhere", False):  # one line per run: rank 0's
+            sys.stderr.write(f"recurlen {name}: {err}\n")
         return err.exit_code
     except UserError as err:
         if debug_requested(argv):

@@ -30,6 +30,7 @@ from recurlen.training.fault_injection import InjectNonFinite
 from recurlen.training.interventions import FittedNoise, build_intervention, fit_noise_stats
 from recurlen.training.lit_module import RecurlenModule
 from recurlen.training.loggers import build_loggers, check_installed
+from recurlen.training.lost_rank import RankWatch
 from recurlen.training.preemption import Preemption
 from recurlen.training.progress_bar import StepProgressBar
 from recurlen.training.resume import decide, record
@@ -294,8 +295,8 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
         module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
                                 train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
                                 total_steps=cfg.trainer.max_steps, hparams=resolved)
-        health = StepHealth()
-        trainer = build_trainer(cfg, run, [*guard, health, *extra, *diagnostics_callbacks(cfg, datamodule),
+        health, watch = StepHealth(), RankWatch(run.path)
+        trainer = build_trainer(cfg, run, [*guard, health, watch, *extra, *diagnostics_callbacks(cfg, datamodule),
                                            *callbacks])
         ckpt_path = decision.checkpoint
         if ckpt_path:
@@ -307,6 +308,10 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
             break
+        except RuntimeError:
+            if watch.lost is None:  # not a collective that failed for a lost rank: a bug, with its traceback
+                raise
+            raise watch.lost from None
         except NonFinite as err:
             # Where the divergence began and the newest checkpoint from before it (later ones are diverged too).
             recovery = plan_recovery(run, health.history(), failed_step=err.step, lr=cfg.optim.lr,
@@ -337,8 +342,10 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
     preemption = next(c for c in trainer.callbacks if isinstance(c, Preemption))
     if preemption.stopped_on is not None:  # stopped on a signal after writing last.ckpt: resumable, not a success
         last = run.last_checkpoint
-        raise Interrupted(preemption.stopped_on, step=preemption.stopped_at_step,
-                          checkpoint=str(last) if last.is_file() else None)
+        stopped = Interrupted(preemption.stopped_on, step=preemption.stopped_at_step,
+                              checkpoint=str(last) if last.is_file() else None)
+        stopped.elsewhere = not trainer.is_global_zero  # every rank stops; rank 0 alone says so
+        raise stopped
     return run.path
 
 
