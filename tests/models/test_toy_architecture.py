@@ -301,8 +301,8 @@ table.add([dataclasses.replace(row, name=row.name.replace({source!r} + "-", {nam
 '''
 
 
-REGISTRY_WIDE = ("side_by_side", "every_architecture_folder", "model_tables_rows", "both_demo_experiments",
-                 "test_architecture_lists")
+REGISTRY_WIDE = ("put_architectures_side_by_side", "every_architecture_folder", "model_tables_rows",
+                 "both_demo_experiments", "test_architecture_lists")
 """The shared tests that are not parametrized but go over every architecture in one case (the evaluation and
 report of all side by side, the registry's folders, the table's prefixes, the demos, the guard against lists of
 names): run with the copy's own cases."""
