@@ -126,6 +126,10 @@ MODELS: tuple[ModelRow, ...] = (
     ModelRow("gla-340m", "gla", dict(hidden_size=1024, tie_word_embeddings=True, **_GLA),
              hub_id="fla-hub/gla-340M-15B", **_PILE_GLA),
     ModelRow("gla-1.3b", "gla", dict(hidden_size=2048, **_GLA), hub_id="fla-hub/gla-1.3B-100B", **_PILE_GLA),
+    # ---- Mamba-3 (SISO; mamba-ssm's Mamba3 mixer). CPU shapes: byte vocabulary. No official rows: no released
+    # checkpoint in this layout could be confirmed.
+    ModelRow("mamba3-nano", "mamba3", dict(d_model=64, n_layer=2, d_state=16, headdim=16, chunk_size=64)),
+    ModelRow("mamba3-tiny", "mamba3", dict(d_model=128, n_layer=2, d_state=64, headdim=32, chunk_size=64)),
     # ---- RWKV-6 (Finch). CPU shapes: byte vocabulary.
     ModelRow("rwkv6-nano", "rwkv6", dict(hidden_size=64, num_hidden_layers=2, num_heads=2, intermediate_size=128,
                                          proj_low_rank_dim=8, gate_low_rank_dim=16)),

@@ -1,0 +1,11 @@
+"""Mamba-3's entry in the architecture registry (recurlen.models.registry); its named models are rows of
+recurlen.models.table."""
+
+from __future__ import annotations
+
+from recurlen.models.interface import Architecture
+from recurlen.models.mamba3.model import Mamba3LM
+
+ARCHITECTURE = Architecture(name="mamba3", title="Mamba-3", model_cls=Mamba3LM,
+                            # B and C shared by groups of heads, every pair of state entries turned, the norm gate
+                            variants=({"ngroups": 2, "rope_fraction": 1.0, "is_outproj_norm": True},))
