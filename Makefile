@@ -97,8 +97,9 @@ test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's a
 test-gpu: $(STAMP) ## the GPU tests: kernels == torch backend, FSDP run (needs CUDA + recurlen[cuda])
 	$(PY) -m pytest -q -m gpu tests/models/mamba2/test_gpu_kernels.py tests/training/test_gpu_fsdp.py
 
-lint: $(STAMP) ## ruff over the whole project
+lint: $(STAMP) ## ruff over the whole project; pylint's repeated-code check over the package (pyproject.toml)
 	$(PY) -m ruff check recurlen callbacks tests benchmarks
+	$(PY) -m pylint recurlen callbacks
 
 finetune: $(STAMP) ## post-train: MODEL= INTERVENTION= [DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS=] (tiny: the demo's base)
 	$(if $(filter tiny,$(MODEL)),@echo "make finetune: $(if $(TINY_BASE),post-training $(DEMO_NOTE) pre-trained \
