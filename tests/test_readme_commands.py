@@ -356,6 +356,10 @@ def stand_ins(world: Path) -> None:
     for target in targets:
         if not target.exists():
             shutil.copytree(post / "tbptt", target)
+            if target.parent.name == "finetune":
+                # The 780m lines' dry runs see these directories too: with the tiny run's config.yaml they would
+                # (rightly) refuse to resume a run of another model; the evaluations read only the checkpoint.
+                (target / "config.yaml").unlink(missing_ok=True)
     for name in DATA_STAND_INS:
         (world / name).parent.mkdir(parents=True, exist_ok=True)
         (world / name).touch()
