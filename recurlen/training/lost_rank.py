@@ -28,6 +28,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from recurlen.util.atomic_files import pid_alive
 from recurlen.util.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -96,9 +97,11 @@ class RankWatch(Callback):
         others = [r for r in range(world) if r != me]
         deadline = time.monotonic() + DEAD_PEER_WAIT_S
         while True:
-            launched = {r: _returncode(trainer, r) for r in others}  # exit codes of the ranks this process started
             local = [r for r in others if r < len(self.peers) and self.peers[r][0] == host]
-            gone = [r for r in others if launched[r] is not None or (r in local and not _alive(self.peers[r][1]))]
+            ended = [r for r in local if not _alive(self.peers[r][1])]
+            # After the look above: a child seen ended is reaped here with its exit code.
+            launched = {r: _returncode(trainer, r) for r in others}  # exit codes of the ranks this process started
+            gone = [r for r in others if launched[r] is not None or r in ended]
             if gone or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -146,13 +149,7 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:  # no /proc: ask the kernel whether the pid exists at all
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_alive(pid)
 
 
 def _returncode(trainer: L.Trainer, rank: int) -> int | None:
