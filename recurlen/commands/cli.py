@@ -106,7 +106,7 @@ def cmd_finetune(w: Words) -> int:
     cfg, _, plan, refusals = _experiment(w, "finetune")
     if w.dry_run:
         return _dry(plan, refusals)
-    log.info(set_threads(cfg.trainer.num_threads, setting="trainer.num_threads", choose=False))
+    set_threads(cfg.trainer.num_threads, setting="trainer.num_threads", choose=False)
     import shlex
 
     from recurlen.training.finetune import run_finetune
@@ -176,11 +176,14 @@ def _dry(plan: list[str], refusals=None) -> int:
     return 0
 
 
-def set_threads(requested: int | None, *, setting: str, choose: bool = True) -> str:
-    """torch's threads for this command, said in one line (recurlen.util.threads)."""
+def set_threads(requested: int | None, *, setting: str, choose: bool = True) -> None:
+    """torch's threads for this command (recurlen.util.threads), said in one line unless the command line or the
+    experiment set them."""
     from recurlen.util.threads import set_threads as set_torch_threads
 
-    return set_torch_threads(requested, setting=setting, choose=choose)
+    line = set_torch_threads(requested, setting=setting, choose=choose)
+    if not requested:
+        log.info(line)
 
 
 # ---- evaluation: eval, report ------------------------------------------------------------------------------
@@ -241,7 +244,7 @@ def cmd_eval(w: Words) -> int:
                      f"  output         {cfg.output_dir}"])
     from recurlen.evaluation.heldout import evaluate_checkpoints
 
-    log.info(set_threads(cfg.num_threads, setting="num_threads"))
+    set_threads(cfg.num_threads, setting="num_threads")
     log.info("wrote %s", evaluate_checkpoints(cfg, data))
     return 0
 
@@ -269,7 +272,7 @@ def cmd_report(w: Words) -> int:
     if w.dry_run:
         return _dry(["recurlen report: plan", f"  {len(runs)} evaluated runs, {len(tasks)} task results",
                      f"  output  {w.paths['out']}/report.md, results.json, plots"])
-    log.info(set_threads(None, setting="OMP_NUM_THREADS"))
+    set_threads(None, setting="OMP_NUM_THREADS")
     log.info("wrote %s", write_report(w.positional(), out_dir=w.paths["out"], title=settings.title))
     return 0
 
@@ -304,7 +307,7 @@ def cmd_generate(w: Words) -> int:
     if w.dry_run:
         return _dry(["recurlen generate: plan", f"  model  {source}", f"  {cfg.max_new_tokens} tokens after "
                      f"{cfg.prompt!r}"])
-    log.info(set_threads(None, setting="OMP_NUM_THREADS"))
+    set_threads(None, setting="OMP_NUM_THREADS")
     text, summary = generate_text(cfg, checkpoint=w.paths.get("checkpoint"))
     _out(text)
     log.info(summary)
@@ -331,7 +334,7 @@ def cmd_export(w: Words) -> int:
         plan = export_plan(w.positional()[0], w.paths["out"], settings, w.paths.get("eval"))
     if w.dry_run:
         return _dry(plan)
-    log.info(set_threads(None, setting="OMP_NUM_THREADS"))
+    set_threads(None, setting="OMP_NUM_THREADS")
     command = [*w.positional(), "--out", w.paths["out"], *settings_words,
                *(["--eval", w.paths["eval"]] if "eval" in w.paths else [])]
     export(w.positional()[0], w.paths["out"], settings, eval_path=w.paths.get("eval"), command=command)
