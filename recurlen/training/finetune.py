@@ -226,14 +226,16 @@ def hparams_row(cfg: ExperimentConfig) -> dict[str, object]:
     iv = cfg.intervention
     reset = iv.reset_prob if iv.name in ("state_passing", "tbptt") else 0.0
     run = PurePath(cfg.resolved_run_dir)
-    run = run.relative_to("runs") if run.parts[:1] == ("runs",) else PurePath(*run.parts[-2:])
+    where = run.parent.relative_to("runs") if run.parts[:1] == ("runs",) else PurePath(run.parent.name)
     d = cfg.data
     held_out = min(d.val_sequences, cfg.diagnostics.num_sequences or d.val_sequences)
     source = d.source if d.source == "embedded" or d.source.startswith("hf:") else PurePath(d.source).name
     setup = (f"{cfg.trainer.max_steps} steps, lr {cfg.optim.lr:g}, {cfg.model.name}"
              + (f", reset_prob {reset:g}" if reset else "") + f", {cfg.name}")
-    return {"run": run.as_posix(), "intervention": iv.name, "T": d.seq_len,
-            "data": f"{source}, val {held_out} x {d.long_val_length} ({d.val_mode})", "setup": setup}
+    # What tells rows apart first, as TensorBoard cuts a cell after ~17 characters: the run directory's own name,
+    # then where it lies ('state_passing (demo/post)'); the validation's sequences, then the corpus.
+    return {"run": f"{run.name} ({where.as_posix()})" if where.parts else run.name, "intervention": iv.name,
+            "T": d.seq_len, "data": f"val {held_out}x{d.long_val_length} {d.val_mode}, {source}", "setup": setup}
 
 
 def run_finetune(cfg: ExperimentConfig, *, datamodule: L.LightningDataModule | None = None,

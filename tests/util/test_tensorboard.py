@@ -83,10 +83,10 @@ def test_hparams_row_and_one_chart_per_bin(runs):
     # data with the held-out sequences the metric columns were measured on each have a column.
     columns = [h.name for h in data["_hparams_/experiment"].experiment.hparam_infos]
     assert columns == ["run", "intervention", "T", "data", "setup"]
-    assert start.hparams["run"].string_value == f"{root.name}/tbptt"
+    assert start.hparams["run"].string_value == f"tbptt ({root.name})"
     assert start.hparams["intervention"].string_value == "tbptt"
     assert start.hparams["T"].number_value == T
-    assert start.hparams["data"].string_value == f"embedded, val 2 x {L} (first)"
+    assert start.hparams["data"].string_value == f"val 2x{L} first, embedded"
     assert start.hparams["setup"].string_value == f"3 steps, lr 0.001, nano, {cfgs['tbptt'].name}"
     infos = data["_hparams_/experiment"].experiment.metric_infos
     metrics = [m.name.tag for m in infos]
