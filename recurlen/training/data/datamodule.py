@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from recurlen.training.data.config import DataConfig
 from recurlen.training.data.corpus import Corpus, load_corpus
+from recurlen.training.data.heldout_fit import long_sequences
 from recurlen.training.data.lanes import global_lanes
 from recurlen.training.data.stream import HeldOut, TrainSampler, make_batch
 from recurlen.util.tokenizers import Tokenizer, UsesTokenizer, load_tokenizer
@@ -115,7 +116,8 @@ class RecurlenDataModule(UsesTokenizer, L.LightningDataModule):
                 heldout.segments(1, cfg.seq_len)
             if cfg.val_sequences > 0:
                 key = (cfg.val_sequences, cfg.long_val_length, cfg.val_mode)
-                long_val[key] = torch.from_numpy(heldout.long_sequences(*key))
+                # The same check, and the same line naming what would fit, as the dry run's (heldout_fit).
+                long_val[key] = torch.from_numpy(long_sequences(heldout, cfg, num_documents=self._corpus.num_documents))
         self.rank, self.world_size = rank, world
         self._sampler, self._heldout_ids, self._heldout, self._long_val = sampler, heldout_ids, heldout, long_val
 

@@ -39,19 +39,30 @@ def heldout_plan(cfg: DataConfig) -> str | None:
     corpus = _quietly(load_corpus, cfg, tokenizer)
     heldout_ids = corpus.split(cfg.val_fraction)[1]
     heldout = HeldOut(corpus, heldout_ids, eos_id=tokenizer.eos_id, val_fraction=cfg.val_fraction)
-    tokens = heldout.stream.length
-    what = (f"{len(heldout_ids)} of {corpus.num_documents} documents held out (val_fraction {cfg.val_fraction:g}), "
-            f"{tokens} tokens")
+    what = held_out_summary(heldout, corpus.num_documents, cfg.val_fraction)
     if cfg.val_segments > 0:
         heldout.segments(1, cfg.seq_len)
     if cfg.val_sequences > 0:
-        length = cfg.long_val_length
-        try:
-            heldout.long_sequences(cfg.val_sequences, length, cfg.val_mode)
-        except ValueError as err:
-            raise ValueError(f"{err} ({what}; at val_length={length} they give {fits(heldout, length)})") from None
-        what += f": {cfg.val_sequences} sequences of {length} tokens ({cfg.val_mode}) fit"
+        long_sequences(heldout, cfg, num_documents=corpus.num_documents)
+        what += f": {cfg.val_sequences} sequences of {cfg.long_val_length} tokens ({cfg.val_mode}) fit"
     return what
+
+
+def held_out_summary(heldout, num_documents: int, val_fraction: float) -> str:
+    return (f"{len(heldout.ids)} of {num_documents} documents held out (val_fraction {val_fraction:g}), "
+            f"{heldout.stream.length} tokens")
+
+
+def long_sequences(heldout, cfg: DataConfig, *, num_documents: int):
+    """The run's long validation sequences (cfg.val_sequences x cfg.long_val_length in cfg.val_mode); a ValueError
+    that names what each val_mode would cut when they do not fit. The DataModule and the dry run both call it, so
+    that both say the same line."""
+    length = cfg.long_val_length
+    try:
+        return heldout.long_sequences(cfg.val_sequences, length, cfg.val_mode)
+    except ValueError as err:
+        raise ValueError(f"{err} ({held_out_summary(heldout, num_documents, cfg.val_fraction)}; at "
+                         f"val_length={length} they give {fits(heldout, length)})") from None
 
 
 def _quietly(build, *args):
@@ -77,4 +88,4 @@ def fits(heldout, length: int) -> str:
     return f"val_mode=first {first}, windows {windows}, pack {pack} sequences"
 
 
-__all__ = ["PREPARE_LIMIT_BYTES", "fits", "heldout_plan"]
+__all__ = ["PREPARE_LIMIT_BYTES", "fits", "held_out_summary", "heldout_plan", "long_sequences"]

@@ -43,7 +43,11 @@ def test_the_dry_run_refuses_held_out_defaults_that_do_not_fit(txt_folder, tmp_p
                     r"val_length=1024 tokens but found \d+ among \d+ held-out documents", err[0]), err[0]
     assert re.search(r"\(\d+ of 40 documents held out \(val_fraction 0.05\), \d+ tokens; at val_length=1024 they "
                      r"give val_mode=first \d+, windows \d+, pack \d+ sequences\)$", err[0]), err[0]
-    assert not (tmp_path / "run").exists()
+    # The run refuses with the same line, before it writes anything.
+    assert main(args) == 2
+    again = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("recurlen finetune:")]
+    assert again == err
+    assert not (tmp_path / "run" / "config.yaml").exists()
     # The small-corpus settings of docs/data.md: the plan says what the validation takes, and the run trains.
     small = ["data.val_fraction=0.25", "data.val_mode=windows", "data.val_sequences=4", "data.val_length=512"]
     assert main([*args, *small, "--dry-run"]) == 0
