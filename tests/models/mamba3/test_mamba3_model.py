@@ -132,3 +132,30 @@ def test_official_format_round_trip(tmp_path):
     x = ids(2, 12)
     with torch.no_grad():
         assert torch.equal(model(x)[0], again(x)[0])
+
+
+def test_what_each_part_carries_across_a_cut():
+    """Carried whole, a cut is invisible; zeroing any part changes the next token; turning the angle, the SSM
+    state's key pairs and the previous key together by the same angles changes nothing (only angle differences
+    reach the outputs, which is why a random angle is no noise of its own for the state)."""
+    from recurlen.models.mamba3.scan import rotate
+
+    model = make()
+    x, cut = ids(2, 40), 24
+    with torch.no_grad():
+        full, _ = model(x, random_state(model, 2))
+        _, state = model(x[:, :cut], random_state(model, 2))
+
+        def after(s):
+            return model(x[:, cut:], s)[0]
+
+        assert scaled(after(state), full[:, cut:]) < 1e-5
+        for part in Mamba3State.part_names():
+            zeroed = Mamba3State(**{**state.parts(), part: torch.zeros_like(getattr(state, part))})
+            assert (after(zeroed)[:, 0] - full[:, cut]).abs().max() > 1e-3, part
+        phi = torch.rand(state.angle.shape, generator=torch.Generator().manual_seed(5)) * 2 * torch.pi
+        turned = Mamba3State(rotate(state.ssm, phi.unsqueeze(-2)), torch.remainder(state.angle + phi, 2 * torch.pi),
+                             rotate(state.k, phi), state.v)
+        assert scaled(after(turned), full[:, cut:]) < 1e-5
+        only_angle = Mamba3State(state.ssm, torch.remainder(state.angle + phi, 2 * torch.pi), state.k, state.v)
+        assert (after(only_angle)[:, 0] - full[:, cut]).abs().max() > 1e-3
