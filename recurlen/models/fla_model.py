@@ -24,8 +24,10 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from recurlen.models.config import ModelConfig
+from recurlen.models.layers import RMSNorm
 from recurlen.models.lm import StatefulLM
 
 C = TypeVar("C", bound="FlaConfig")
@@ -106,6 +108,52 @@ class FlaConfig(ModelConfig):
                 raise ValueError(f"{source}: missing required key {name!r}")
         mapped = {f.name for f in fields(cls)} - cls.RECURLEN_ONLY
         return {k: v for k, v in cfg.items() if k in mapped}
+
+
+# ---------------------------------------------------------------------------------- blocks
+def swiglu_width(hidden_size: int, hidden_ratio: float, intermediate_size: int | None) -> int:
+    """fla's GatedMLP width: intermediate_size, or 2/3 * hidden_size * hidden_ratio rounded up to 256."""
+    if intermediate_size is not None:
+        return intermediate_size
+    size = int(hidden_size * hidden_ratio * 2 / 3)
+    return 256 * ((size + 255) // 256)
+
+
+class GatedMLP(nn.Module):
+    """fla's GatedMLP (SwiGLU): down_proj(silu(gate_proj(x)) * up_proj(x))."""
+
+    def __init__(self, hidden_size: int, width: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class FlaBlock(nn.Module):
+    """fla's pre-norm block: h + attn(attn_norm(h)), then + mlp(mlp_norm(.)). The token mixer `attn` is called as
+    `out, *parts = attn(x, *parts, use_kernels=...)` and `attn.step(x, *parts)` (parts: its layer's state)."""
+
+    def __init__(self, attn: nn.Module, *, hidden_size: int, mlp_width: int, eps: float) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(hidden_size, eps=eps)
+        self.attn = attn
+        self.mlp_norm = RMSNorm(hidden_size, eps=eps)
+        self.mlp = GatedMLP(hidden_size, mlp_width)
+
+    def _finish(self, residual: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        residual = residual + mixed
+        return residual + self.mlp(self.mlp_norm(residual))
+
+    def forward(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, ...], *, use_kernels: bool):
+        mixed, *parts = self.attn(self.attn_norm(hidden), *parts, use_kernels=use_kernels)
+        return self._finish(hidden, mixed), tuple(parts)
+
+    def step(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, ...]):
+        mixed, *parts = self.attn.step(self.attn_norm(hidden), *parts)
+        return self._finish(hidden, mixed), tuple(parts)
 
 
 # ---------------------------------------------------------------------------------- the LM
@@ -209,5 +257,5 @@ def cached_loader(module: str, name: str) -> Callable[[], tuple[Callable | None,
     return functools.lru_cache(maxsize=1)(lambda: load_fla_op(module, name))
 
 
-__all__ = ["FLA_INSTALL_CPU", "FLA_INSTALL_CUDA", "FlaBackbone", "FlaConfig", "FlaLM", "cached_loader",
-           "layout_kwargs", "load_fla_op", "run_chunked"]
+__all__ = ["FLA_INSTALL_CPU", "FLA_INSTALL_CUDA", "FlaBackbone", "FlaBlock", "FlaConfig", "FlaLM", "GatedMLP",
+           "cached_loader", "layout_kwargs", "load_fla_op", "run_chunked", "swiglu_width"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recurlen.models.fla_model import FlaConfig
+from recurlen.models.fla_model import FlaConfig, swiglu_width
 
 
 @dataclass
@@ -91,10 +91,7 @@ class GLAConfig(FlaConfig):
 
     @property
     def mlp_size(self) -> int:
-        if self.intermediate_size is not None:
-            return self.intermediate_size
-        size = int(self.hidden_size * self.hidden_ratio * 2 / 3)
-        return 256 * ((size + 255) // 256)
+        return swiglu_width(self.hidden_size, self.hidden_ratio, self.intermediate_size)
 
     @property
     def conv_channels(self) -> int:

@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from recurlen.models.causal_conv import causal_conv
-from recurlen.models.fla_model import FlaLM
+from recurlen.models.fla_model import FlaBlock, FlaLM
 from recurlen.models.gla import kernels
 from recurlen.models.gla.checkpoint import GLA_FORMAT
 from recurlen.models.gla.config import GLAConfig
@@ -121,36 +121,10 @@ class GatedLinearAttention(nn.Module):
         return self._output(o, x_BD), kv_BHKV, up(conv_BCW)
 
 
-class GatedMLP(nn.Module):
+class GLABlock(FlaBlock):
     def __init__(self, cfg: GLAConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.mlp_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.mlp_size, bias=False)
-        self.down_proj = nn.Linear(cfg.mlp_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class GLABlock(nn.Module):
-    def __init__(self, cfg: GLAConfig) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.attn = GatedLinearAttention(cfg)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.mlp = GatedMLP(cfg)
-
-    def _finish(self, residual: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
-        residual = residual + mixed
-        return residual + self.mlp(self.mlp_norm(residual))
-
-    def forward(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, torch.Tensor], *, use_kernels: bool):
-        mixed, kv, conv = self.attn(self.attn_norm(hidden), *parts, use_kernels=use_kernels)
-        return self._finish(hidden, mixed), (kv, conv)
-
-    def step(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, torch.Tensor]):
-        mixed, kv, conv = self.attn.step(self.attn_norm(hidden), *parts)
-        return self._finish(hidden, mixed), (kv, conv)
+        super().__init__(GatedLinearAttention(cfg), hidden_size=cfg.hidden_size, mlp_width=cfg.mlp_size,
+                         eps=cfg.norm_eps)
 
 
 class GLALM(FlaLM):
