@@ -9,18 +9,21 @@ a large checkpoint while the others wait in a barrier, and a shorter limit would
 
 Lightning lets that RuntimeError through as a 58-line traceback, and on the launching process its child watcher
 SIGKILLs the survivor itself within 5 s, so the line may never come. `RankWatch` records every rank's host and pid
-when fit begins; when a collective fails because a peer is gone it names that rank (and how it ended, when this
-process launched it), stops the child watcher from killing this process, ends the launcher's other children (they
-cannot go on either), and `LostRank` becomes the command's one line with the command that resumes the run
-(resuming is exact: the run continues from its newest checkpoint as if nothing had happened).
+when fit begins and keeps the child watcher from killing this process (it still ends the other launched ranks);
+when a collective fails because a peer is gone it names that rank (and how it ended, when this process launched
+it), ends the launcher's other children (they cannot go on either), and `LostRank` becomes the command's one line
+with the command that resumes the run (resuming is exact: the run continues from its newest checkpoint as if
+nothing had happened).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -82,12 +85,13 @@ class RankWatch(Callback):
             peers: list = [None] * trainer.world_size
             dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
             self.peers = [(str(h), int(p)) for h, p in peers]
+            _spare_this_process()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # Lightning calls this first when fit fails, before its teardown: the child watcher is stopped in time.
         if trainer.world_size < 2 or not is_peer_loss(exception):
             return
-        _stop_child_watcher()
+        _spare_this_process()
         self.lost = LostRank(self._describe(trainer))
         _end_children(trainer)
 
@@ -153,17 +157,39 @@ def _alive(pid: int) -> bool:
 
 
 def _returncode(trainer: L.Trainer, rank: int) -> int | None:
+    """The exit code of a rank this process launched, None while it runs (or when another launched it)."""
     procs = getattr(trainer.strategy.launcher, "procs", None) or []
     i = rank - trainer.global_rank - 1  # the launcher's children are the next local ranks, in order
-    return procs[i].poll() if 0 <= i < len(procs) else None
+    if not 0 <= i < len(procs):
+        return None
+    try:  # wait, not poll: poll answers None while the child watcher's thread is polling the same child
+        return procs[i].wait(timeout=0.01)
+    except subprocess.TimeoutExpired:
+        return None
 
 
-def _stop_child_watcher() -> None:
-    """Lightning's watcher of the ranks this process launched SIGKILLs this process too once one of them has died,
-    and with it the line saying what happened: its next look ends it without killing anyone."""
+def _spare_this_process() -> None:
+    """Lightning's watcher of the ranks this process launched (a thread that looks every 5 s) SIGKILLs this process
+    too once one of them has died, often before this process has said what happened (it notices at its next
+    collective). From the start of training it ends only the launched ranks still running; this process stops at
+    its next collective with the line."""
     for thread in threading.enumerate():
-        if type(thread).__name__ == "_ChildProcessObserver":
-            thread._run = lambda: True
+        if type(thread).__name__ == "_ChildProcessObserver" and hasattr(thread, "_child_processes"):
+            thread._run = functools.partial(_look_at_children, thread._child_processes)
+
+
+def _look_at_children(procs: list) -> bool:
+    """One look of the watcher: True (done) once every child ended well, or once one failed and the others were
+    ended."""
+    codes = [p.poll() for p in procs]
+    if all(code == 0 for code in codes):
+        return True
+    if not any(codes):
+        return False
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    return True
 
 
 def _end_children(trainer: L.Trainer) -> None:
