@@ -9,9 +9,9 @@ Two ways a row is checked, both when it has both:
   pytest call, the slow tier included. A name the suite no longer has is a difference (the table is stale).
 - it is one of COMMANDS below: the command is run as the table gives it, with the table's settings (`$B`, `$C`)
   in a scratch directory, and compared with the documented outcome: the exit code of its class (2 for "clear error"
-  and "refused", 0 for "other", or the "exit N" the row states), every quoted piece of text (split at "…", the
-  table's placeholders RUN, D, xc, F filled in) in the output, the run directory untouched by a refusal, and
-  "bitwise" weights equal to the uninterrupted run's.
+  and "refused", 0 for "other", or the "exit N" the row states), every piece of its first quoted text (split at "…",
+  the table's placeholders RUN, D, xc filled in; later quotes tell variants) in the output, the run directory
+  untouched by a refusal, and "bitwise" weights equal to the uninterrupted run's.
 A row with neither is printed as not re-run, with the reason the table gives (minutes and 17 GiB, timing-dependent
 signals, a root-only mount); it counts neither way.
 """
@@ -277,8 +277,9 @@ def fill(text: str, s: Scratch, d: Path) -> str:
 
 
 def quoted_pieces(row: Row, places: dict[str, str]) -> list[str]:
+    """The pieces of the row's first quote (later quotes tell variants of the case or what happened before)."""
     pieces = []
-    for quote in row.quotes():
+    for quote in row.quotes()[:1]:
         for piece in quote.split("…"):
             piece = piece.strip(" ;,")
             for name, value in sorted(places.items(), key=lambda kv: -len(kv[0])):

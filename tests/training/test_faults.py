@@ -107,7 +107,8 @@ def interrupt_during_training(cmd, signum, *, seed, to_child=False, **env_extra)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "".join(head) + err)
 
 
-@pytest.mark.parametrize(("signum", "seed"), [(signal.SIGTERM, 1), (signal.SIGUSR1, 2), (signal.SIGINT, 3)])
+@pytest.mark.parametrize(("signum", "seed"), [(signal.SIGTERM, 1), (signal.SIGUSR1, 2), (signal.SIGINT, 3)],
+                         ids=["SIGTERM", "SIGUSR1", "SIGINT"])  # the names docs/fault-cases.md gives
 def test_signal_checkpoints_exits_nonzero_and_resumes_exactly(tmp_path, cache_dir, reference, signum, seed):
     out = tmp_path / "run"
     proc = interrupt_during_training(args(out, cache_dir), signum, seed=seed)
