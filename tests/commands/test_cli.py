@@ -3,10 +3,12 @@
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from recurlen.commands import cli
+from recurlen.models import table
 from recurlen.util.arguments import _sections, field_docs
 from recurlen.util.errors import UserError, user_input
 
@@ -27,10 +29,10 @@ def test_every_command_has_help(capsys, name):
 def test_experiment_help_lists_groups_choices_and_fields_with_type_value_and_meaning(capsys):
     rc, out, _ = run(capsys, "finetune", "model=780m", "--help")
     assert rc == 0
-    assert ("model         1.3b | 130m | 2.7b | 370m | 780m | gla-1.3b | gla-340m | gla-nano | gla-tiny | "
-            "gla-tiny-slow | mamba1-1.4b | mamba1-130m | mamba1-2.8b | mamba1-370m | mamba1-790m | mamba1-nano | "
-            "mamba1-tiny | mamba1-tiny-slow | nano | rwkv6-1.6b | rwkv6-3b | rwkv6-7b | rwkv6-nano | rwkv6-tiny | "
-            "rwkv6-tiny-slow | small | tiny | tiny-slow   (here: 780m)") in out
+    # Every row of the model table and every preset file under experiments/model/, sorted, the composed one named.
+    presets = {p.stem for p in (Path(__file__).parents[2] / "experiments" / "model").rglob("*.yaml")}
+    assert {"780m", "tiny-slow", "rwkv6-7b"} <= presets | set(table.names())
+    assert f"model         {' | '.join(sorted({*table.names(), *presets}))}   (here: 780m)" in out
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("trainer.max_steps "))
     assert "int = 500" in line and "Optimizer steps" in line
     assert "model.pretrained    str | None = state-spaces/mamba2-780m" in out  # the composed value, not the default
