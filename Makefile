@@ -13,6 +13,9 @@ MAMBA_SSM ?= mamba-ssm==2.3.2.post1
 # flash-linear-attention's kernels for GLA: fla-core is its ops package (pure Python, no transformers), pinned to
 # the release whose chunked GLA kernel the interpreter tests were verified with.
 FLA_CORE ?= fla-core==0.6.0
+# fla's own models (layers, models: the fla-format parity tests run fla's LM on recurlen's export), beside fla-core,
+# without its dependencies (transformers comes with recurlen[dev]); the release of the fla-core pin.
+FLA_MODELS ?= flash-linear-attention==0.6.0
 KERNELS_STAMP := $(VENV)/.kernels-cpu
 # make bench: every script appends its headline rows here, and benchmarks/table.py prints them as one table.
 BENCH_RESULTS := runs/bench/results.jsonl
@@ -74,7 +77,7 @@ $(STAMP): pyproject.toml
 $(KERNELS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[$(EXTRAS),kernels-cpu]"
 	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(PY) -m pip install -q --no-build-isolation --no-deps "$(MAMBA_SSM)"
-	$(PY) -m pip install -q --no-deps "$(FLA_CORE)"
+	$(PY) -m pip install -q --no-deps "$(FLA_CORE)" "$(FLA_MODELS)"
 	touch $(KERNELS_STAMP)
 
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
