@@ -303,7 +303,7 @@ def test_rerun_with_changed_settings_is_refused_or_applied(tmp_path, cache_dir, 
     config = (out / "config.yaml").read_text()
     for override, named in (("data.batch_size=4", "data.batch_size 2 -> 4"),
                             ("intervention=fitted_noise", "intervention.name state_passing -> fitted_noise"),
-                            ("model=tiny", "holds another model (d_model 64 -> 128")):
+                            ("model=tiny", "fixed settings differ from those asked for: model.arch.d_model 64 -> 128")):
         _one_line_error(run(args(out, cache_dir, override)), named, "another run_dir", "resume=archive")
         assert (out / "config.yaml").read_text() == config  # nothing rewritten by a refused rerun
     _one_line_error(run(args(out, cache_dir, "resume=never")), "already holds a run", "resume=archive")
