@@ -130,6 +130,12 @@ MODELS: tuple[ModelRow, ...] = (
     # checkpoint in this layout could be confirmed.
     ModelRow("mamba3-nano", "mamba3", dict(d_model=64, n_layer=2, d_state=16, headdim=16, chunk_size=64)),
     ModelRow("mamba3-tiny", "mamba3", dict(d_model=128, n_layer=2, d_state=64, headdim=32, chunk_size=64)),
+    # ---- Gated DeltaNet (fla's GatedDeltaNetForCausalLM). CPU shapes: byte vocabulary. No official rows: the
+    # paper's authors released no weights, and no fla-hub checkpoint of this layout could be confirmed.
+    ModelRow("gated_deltanet-nano", "gated_deltanet", dict(hidden_size=64, num_hidden_layers=2, num_heads=2,
+                                                           head_dim=16, intermediate_size=128)),
+    ModelRow("gated_deltanet-tiny", "gated_deltanet", dict(hidden_size=128, num_hidden_layers=2, num_heads=2,
+                                                           head_dim=32, intermediate_size=256)),
     # ---- RWKV-6 (Finch). CPU shapes: byte vocabulary.
     ModelRow("rwkv6-nano", "rwkv6", dict(hidden_size=64, num_hidden_layers=2, num_heads=2, intermediate_size=128,
                                          proj_low_rank_dim=8, gate_low_rank_dim=16)),
