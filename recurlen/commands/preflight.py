@@ -258,6 +258,17 @@ def experiment_plan(cfg, *, command: str, refusals: Refusals | None = None, lock
             raise UserError(f"data: {err}") from None
         if held_out:
             lines.insert(3, f"held-out     {held_out}")
+        from recurlen.training.data.tokenize_plan import tokenize_plan
+
+        devices = str(t.devices)  # 'auto' / -1 / a list: counted as the ids given, else one device
+        per_node = len(devices.split(",")) if "," in devices else int(devices) if devices.isdigit() else 1
+        try:
+            tokenize = tokenize_plan(cfg.data, steps=t.max_steps * t.accumulate_grad_batches,
+                                     num_global_lanes=cfg.data.batch_size * per_node * t.num_nodes)
+        except (FileNotFoundError, ValueError) as err:
+            raise UserError(f"data: {err}") from None
+        if tokenize:
+            lines.insert(3, f"tokenize     {tokenize}")
     lines += missing.lines()
     if missing.refusal():
         refusals.add(missing.refusal())

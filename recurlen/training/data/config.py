@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAYOUTS = ("documents", "contiguous", "independent")
+TOKENIZE = ("auto", "all", "needed")
+NEEDED_ABOVE_BYTES = 256 << 20
+"""tokenize='auto' reads local sources larger than this as far as the run needs (tokenize='needed'); smaller ones,
+the embedded corpus and hub datasets are tokenized whole, as before (their lanes spread over the whole corpus)."""
 VAL_MODES = ("first", "pack", "windows")
 # How much longer than seq_len the long validation sequences are unless val_length says otherwise.
 DEFAULT_VAL_LENGTH_FACTOR = 16
@@ -56,6 +60,11 @@ class DataConfig:
     """Read at most this many documents (the first ones; needed to bound a streamed corpus)."""
     streaming: bool = False
     """Stream the source instead of downloading / preparing it whole (use with max_documents)."""
+    tokenize: str = "auto"
+    """'all': tokenize the whole source before the first step (lanes spread over all of it); 'needed': tokenize, in
+    source order, only as far as the run's steps and held-out set read (lanes walk the source from its start, see
+    lanes.py; a longer or resumed run extends the cache); 'auto': 'needed' for local jsonl / parquet / text sources
+    above 256 MB, else 'all'."""
     pin_memory: bool = True
     """Pin batches in page-locked memory when CUDA is available."""
 
@@ -66,6 +75,8 @@ class DataConfig:
             raise ValueError(f"source={self.source!r} names no dataset; write 'hf:<name>', e.g. 'hf:pg19'")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} is not supported; allowed: {list(LAYOUTS)}")
+        if self.tokenize not in TOKENIZE:
+            raise ValueError(f"tokenize={self.tokenize!r} is not supported; allowed: {list(TOKENIZE)}")
         if self.val_mode not in VAL_MODES:
             raise ValueError(f"val_mode={self.val_mode!r} is not supported; allowed: {list(VAL_MODES)}")
         if not self.text_field:
@@ -98,4 +109,4 @@ def _require_int(name: str, value: object, *, minimum: int, none_ok: bool = Fals
         raise ValueError(f"{name}={value!r} is not allowed; need {allowed}")
 
 
-__all__ = ["DEFAULT_VAL_LENGTH_FACTOR", "LAYOUTS", "VAL_MODES", "DataConfig"]
+__all__ = ["DEFAULT_VAL_LENGTH_FACTOR", "LAYOUTS", "NEEDED_ABOVE_BYTES", "TOKENIZE", "VAL_MODES", "DataConfig"]

@@ -94,7 +94,10 @@ class Corpus:
     def load(cls, path: Path) -> Corpus:
         meta = json.loads((path / "meta.json").read_text())
         tokens = np.memmap(path / "tokens.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],))
-        return cls(tokens, np.load(path / "offsets.npy"), np.load(path / "doc_hash.npy"), path=path, meta=meta)
+        # meta.json says how many documents are valid: a growing cache (prefix_cache.py) may hold more entries.
+        n = int(meta["num_documents"])
+        offsets, hashes = np.load(path / "offsets.npy")[: n + 1], np.load(path / "doc_hash.npy")[:n]
+        return cls(tokens, offsets, hashes, path=path, meta=meta)
 
     # A cached corpus pickles as its path (DataLoader workers under spawn), not as gigabytes of tokens.
     def __getstate__(self) -> dict[str, Any]:

@@ -34,6 +34,9 @@ from recurlen.training.data.config import DataConfig
 from recurlen.training.data.corpus import Corpus, load_corpus
 from recurlen.training.data.heldout_fit import long_sequences
 from recurlen.training.data.lanes import global_lanes
+from recurlen.training.data.prefix_cache import PrefixCache, tokenize_needed
+from recurlen.training.data.source_lanes import Grow, SourceOrderSampler, is_heldout
+from recurlen.training.data.source_lanes import split as needed_split
 from recurlen.training.data.stream import HeldOut, TrainSampler, make_batch
 from recurlen.util.tokenizers import Tokenizer, UsesTokenizer, load_tokenizer
 
@@ -77,9 +80,12 @@ class FixedBatches(IterableDataset):
 class RecurlenDataModule(UsesTokenizer, L.LightningDataModule):
     """Train lanes, fixed held-out validation segments and long validation sequences from one corpus."""
 
-    def __init__(self, cfg: DataConfig, *, rank: int | None = None, world_size: int | None = None) -> None:
+    def __init__(self, cfg: DataConfig, *, rank: int | None = None, world_size: int | None = None,
+                 steps: int | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.steps = cfg, steps
+        self._tokenize_needed: bool | None = None
+        self._prefix: PrefixCache | None = None
         self.tokenizer: Tokenizer = load_tokenizer(cfg.tokenizer)
         self.rank = 0 if rank is None else rank
         self.world_size = 1 if world_size is None else world_size
@@ -94,7 +100,32 @@ class RecurlenDataModule(UsesTokenizer, L.LightningDataModule):
     # ----- Lightning hooks -----
     def prepare_data(self) -> None:
         # Runs once per node before setup on every rank: the others then find the finished cache.
-        load_corpus(self.cfg, self.tokenizer)
+        if self._needed():
+            self._grow(self._trainer_world() * self.cfg.batch_size)(self._run_steps())
+        else:
+            load_corpus(self.cfg, self.tokenizer)
+
+    # ----- tokenize='needed' (source_lanes.py): the cache covers what the run's steps read -----
+    def _needed(self) -> bool:
+        if self._tokenize_needed is None:
+            self._tokenize_needed = tokenize_needed(self.cfg)
+        return self._tokenize_needed
+
+    def _trainer_world(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else self.world_size
+
+    def _run_steps(self) -> int:
+        """Micro-steps the run reads: the trainer's max_steps x accumulation, or `steps` given to the constructor
+        (1 when neither is known: the sampler then extends the cache as steps are read)."""
+        trainer = self.trainer
+        if trainer is not None and trainer.max_steps and trainer.max_steps > 0:
+            return int(trainer.max_steps) * int(trainer.accumulate_grad_batches)
+        return self.steps or 1
+
+    def _grow(self, num_global_lanes: int) -> Grow:
+        if self._prefix is None:
+            self._prefix = PrefixCache(self.cfg, self.tokenizer)
+        return Grow(self._prefix, self.cfg, num_global_lanes=num_global_lanes)
 
     def setup(self, stage: str | None = None) -> None:
         trainer = self.trainer
@@ -102,12 +133,21 @@ class RecurlenDataModule(UsesTokenizer, L.LightningDataModule):
         if self._sampler is not None and (rank, world) == (self.rank, self.world_size):
             return
         cfg = self.cfg
-        if self._corpus is None:
-            self._corpus = load_corpus(cfg, self.tokenizer)
-        train_ids, heldout_ids = self._corpus.split(cfg.val_fraction)
-        sampler = TrainSampler(self._corpus, train_ids, lanes=global_lanes(rank, world, cfg.batch_size),
-                               num_global_lanes=cfg.batch_size * world, seq_len=cfg.seq_len, layout=cfg.layout,
-                               seed=cfg.seed, eos_id=self.eos_id)
+        lanes = global_lanes(rank, world, cfg.batch_size)
+        if self._needed():
+            grow = self._grow(cfg.batch_size * world)
+            self._corpus = grow(self._run_steps())
+            heldout_ids = needed_split(self._corpus, cfg)[1]
+            if heldout_ids is None:  # the source ended before the held-out set was complete
+                heldout_ids = np.flatnonzero(is_heldout(self._corpus.doc_hash, cfg.val_fraction))
+            sampler = SourceOrderSampler(self._corpus, cfg, lanes=lanes, num_global_lanes=cfg.batch_size * world,
+                                         eos_id=self.eos_id, grow=grow)
+        else:
+            if self._corpus is None:
+                self._corpus = load_corpus(cfg, self.tokenizer)
+            train_ids, heldout_ids = self._corpus.split(cfg.val_fraction)
+            sampler = TrainSampler(self._corpus, train_ids, lanes=lanes, num_global_lanes=cfg.batch_size * world,
+                                   seq_len=cfg.seq_len, layout=cfg.layout, seed=cfg.seed, eos_id=self.eos_id)
         heldout, long_val = None, {}
         # Fail now, not hours in at the first validation, if the held-out data cannot serve the config.
         if cfg.val_segments > 0 or cfg.val_sequences > 0:
@@ -132,13 +172,14 @@ class RecurlenDataModule(UsesTokenizer, L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "next_step": self._next_step, "seed": self.cfg.seed,
                 "layout": self.cfg.layout, "seq_len": self.cfg.seq_len, "batch_size": self.cfg.batch_size,
-                "world_size": self.world_size, "corpus": self._corpus.meta.get("key") if self._corpus else None}
+                "world_size": self.world_size, "corpus": self._corpus.meta.get("key") if self._corpus else None,
+                "tokenize": None if self._tokenize_needed is None else "needed" if self._tokenize_needed else "all"}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._next_step = int(state_dict["next_step"])
         now = self.state_dict()
         changed = {k: (state_dict[k], now[k]) for k in ("seed", "layout", "seq_len", "batch_size", "world_size",
-                                                           "corpus")
+                                                           "corpus", "tokenize")
                    if k in state_dict and now[k] is not None and state_dict[k] != now[k]}
         if changed:
             log.warning("resuming data at step %d with changed settings %s (saved, now): lanes will not read what "
@@ -182,7 +223,7 @@ class RecurlenDataModule(UsesTokenizer, L.LightningDataModule):
         return self._corpus
 
     @property
-    def sampler(self) -> TrainSampler:
+    def sampler(self) -> TrainSampler | SourceOrderSampler:
         if self._sampler is None:
             self.setup()
         assert self._sampler is not None

@@ -28,6 +28,10 @@ def heldout_plan(cfg: DataConfig) -> str | None:
     source = resolve_source(cfg)
     if source.kind == "hf":
         return None
+    from recurlen.training.data.prefix_cache import tokenize_needed
+
+    if tokenize_needed(cfg, source):  # the held-out set is read with the run's first documents (source_lanes.py)
+        return None
     try:
         tokenizer = load_tokenizer(cfg.tokenizer)
     except Exception:  # noqa: BLE001 - a tokenizer that cannot be loaded is the plan's tokenizer line's to report

@@ -1,0 +1,257 @@
+"""The token cache of tokenize='needed': the source's first documents, in file order, grown as far as runs read.
+
+Layout, `<cache_root>/prefix-<key>/` (the key hashes the source's files and the tokenizer, as corpus-<key>/ does):
+    tokens.bin    the documents' tokens back to back, appended to (uint16 / uint32)
+    offsets.npy   (>= num_documents + 1,) int64; doc_hash.npy (>= num_documents,) uint64
+    meta.json     num_documents, num_tokens, rows_read (source rows consumed, empty ones included), complete
+
+meta.json is replaced last and says how much of the other files is valid, so an interrupted extension leaves the
+cache as it was (a longer tokens.bin is cut back before the next append). Extensions hold a file lock: ranks and
+runs sharing a cache never tokenize the same rows twice. Documents are tokenized by worker processes, a chunk of
+rows each, and written in source order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from recurlen.training.data.config import DataConfig
+from recurlen.training.data.corpus import Corpus, TokenizeBatch, corpus_key, token_dtype, tokenizer_fingerprint
+from recurlen.training.data.source_rows import Row, iter_rows
+from recurlen.training.data.sources import Source, resolve_source, source_fingerprint
+from recurlen.util.tokenizers import Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+"""Text per worker task: small enough that the last chunk overshoots the target by little, large enough that
+the pipes cost nothing next to tokenizing."""
+CHUNK_ROWS = 256
+COMMIT_SECONDS = 30.0
+"""An extension is committed (meta.json) at least this often: an interrupted build keeps what it tokenized."""
+
+
+def default_workers(cfg: DataConfig) -> int:
+    """data.num_proc, or the cores this process may use (the parent only reads and appends)."""
+    if cfg.num_proc:
+        return cfg.num_proc
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def tokenize_needed(cfg: DataConfig, source: Source | None = None) -> bool:
+    """Whether the run reads the source as far as it needs (tokenize='needed', or 'auto' on a large local source);
+    ValueError when tokenize='needed' names a source these readers cannot stream."""
+    from recurlen.training.data.config import NEEDED_ABOVE_BYTES
+    from recurlen.training.data.source_rows import readable
+
+    if cfg.tokenize == "all":
+        return False
+    source = source or resolve_source(cfg)
+    if cfg.tokenize == "needed":
+        if not readable(source):
+            raise ValueError(f"tokenize='needed' reads local JSON-lines, parquet or .txt sources (plain, .gz, .bz2, "
+                             f".xz, .zst); source={cfg.source!r} is not one; use tokenize=all")
+        return True
+    return (source.kind == "files" and sum(f.stat().st_size for f in source.files) > NEEDED_ABOVE_BYTES
+            and readable(source))
+
+
+# ----- worker side -----
+_TOKENIZE: TokenizeBatch | None = None
+
+
+def _init_worker(spec: str, dtype: str) -> None:
+    global _TOKENIZE
+    # One process per core: the Rust tokenizer's own thread pool would only compete with the other workers.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _TOKENIZE = TokenizeBatch(load_tokenizer(spec), text_field="text", id_field="id", dtype=np.dtype(dtype))
+
+
+def _tokenize_chunk(rows: list[Row]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    assert _TOKENIZE is not None, "worker not initialised"
+    out = _TOKENIZE({"text": [r[0] for r in rows], "id": [r[1] for r in rows]})
+    lengths = np.array([len(i) for i in out["ids"]], dtype=np.int64)
+    flat = np.concatenate(out["ids"]) if len(rows) else np.zeros(0, _TOKENIZE.dtype)
+    return flat, lengths, out["hash"], len(rows)
+
+
+def _chunks(rows: Iterator[Row]) -> Iterator[list[Row]]:
+    chunk, size = [], 0
+    for row in rows:
+        chunk.append(row)
+        size += len(row[0]) if isinstance(row[0], (str, bytes)) else 0
+        if size >= CHUNK_BYTES or len(chunk) >= CHUNK_ROWS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+class _Serial:
+    """The pool's interface in this process (one worker: no processes to start)."""
+
+    def __init__(self, spec: str, dtype: str) -> None:
+        _init_worker(spec, dtype)
+
+    def submit(self, chunk):
+        result = _tokenize_chunk(chunk)
+        return type("Done", (), {"get": staticmethod(lambda: result)})()
+
+    def close(self) -> None:
+        pass
+
+
+class _Pool:
+    def __init__(self, workers: int, spec: str, dtype: str) -> None:
+        import multiprocessing
+
+        # fork: spawn would re-run a user's script without a __main__ guard in every worker. The parent never
+        # tokenizes with its own Rust tokenizer here (each worker loads one), so no thread pool is forked mid-use.
+        context = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        self.pool = multiprocessing.get_context(context).Pool(workers, _init_worker, (spec, dtype))
+
+    def submit(self, chunk):
+        return self.pool.apply_async(_tokenize_chunk, (chunk,))
+
+    def close(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+
+def tokenize_in_order(rows: Iterator[Row], spec: str, dtype: np.dtype, *, workers: int,
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+    """(tokens, lengths, hashes, rows) of successive chunks of rows, tokenized by `workers` processes, in order.
+    At most 2 chunks per worker are in flight, so a source is never read further ahead than that."""
+    pool = _Serial(spec, dtype.name) if workers <= 1 else _Pool(workers, spec, dtype.name)
+    pending: deque = deque()
+    try:
+        for chunk in _chunks(rows):
+            pending.append(pool.submit(chunk))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+    finally:
+        pool.close()
+
+
+# ----- the cache -----
+class PrefixCache:
+    """The cached prefix of one (source, tokenizer); `corpus()` reads it, `extend()` grows it."""
+
+    def __init__(self, cfg: DataConfig, tokenizer: Tokenizer, source: Source | None = None) -> None:
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.source = source or resolve_source(cfg)
+        self.key = corpus_key(cfg, tokenizer, self.source)
+        self.path = cfg.cache_root / f"prefix-{self.key}"
+        self.dtype = token_dtype(tokenizer.vocab_size)
+
+    def meta(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.path / "meta.json").read_text())
+        except FileNotFoundError:
+            return {"key": self.key, "num_documents": 0, "num_tokens": 0, "rows_read": 0, "complete": False,
+                    "dtype": self.dtype.name, "source": source_fingerprint(self.source, self.cfg),
+                    "tokenizer": tokenizer_fingerprint(self.tokenizer), "kind": "prefix"}
+
+    def corpus(self) -> Corpus:
+        meta = self.meta()
+        if meta["num_documents"] == 0:
+            empty = Corpus(np.zeros(0, self.dtype), np.zeros(1, np.int64), np.zeros(0, np.uint64), meta=meta)
+            return empty
+        return Corpus.load(self.path)
+
+    def extend(self, missing: Callable[[Corpus], int], *, workers: int | None = None) -> Corpus:
+        """Grow the cache until `missing(corpus)` (tokens still wanted, an estimate) is 0 or the source ends."""
+        from filelock import FileLock
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path / ".lock")):
+            corpus = self.corpus()
+            want = missing(corpus)
+            while want > 0 and not corpus.meta.get("complete"):
+                self._append(corpus.num_tokens + want, workers=workers or default_workers(self.cfg))
+                corpus = self.corpus()
+                want = missing(corpus)
+            return corpus
+
+    def _append(self, target_tokens: int, *, workers: int) -> None:
+        from tqdm import tqdm
+
+        meta = self.meta()
+        n_docs, n_tokens, rows_read = meta["num_documents"], meta["num_tokens"], meta["rows_read"]
+        offsets = [np.load(self.path / "offsets.npy")[: n_docs + 1]] if n_docs else [np.zeros(1, np.int64)]
+        hashes = [np.load(self.path / "doc_hash.npy")[:n_docs]] if n_docs else [np.zeros(0, np.uint64)]
+        rows = iter_rows(self.source, self.cfg, skip=rows_read)
+        if self.cfg.max_documents is not None:
+            rows = (r for i, r in zip(range(self.cfg.max_documents - rows_read), rows))
+        complete, last_commit = True, time.monotonic()
+        bar = tqdm(total=target_tokens, initial=n_tokens, unit="tok", unit_scale=True, desc="tokenizing",
+                   dynamic_ncols=True, mininterval=1.0)
+        with open(self.path / "tokens.bin", "ab") as out:
+            out.truncate(n_tokens * self.dtype.itemsize)  # what an interrupted extension appended is not valid
+            for flat, lengths, doc_hash, n_rows in tokenize_in_order(rows, self.tokenizer.name, self.dtype,
+                                                                     workers=workers):
+                keep = lengths > 0  # empty documents are dropped, as in the whole-source cache
+                np.ascontiguousarray(flat, dtype=self.dtype).tofile(out)
+                offsets.append(n_tokens + np.cumsum(lengths[keep]))
+                hashes.append(doc_hash[keep].astype(np.uint64))
+                n_docs, n_tokens, rows_read = n_docs + int(keep.sum()), n_tokens + len(flat), rows_read + n_rows
+                bar.update(len(flat))
+                if n_tokens >= target_tokens:
+                    complete = False
+                    break
+                if time.monotonic() - last_commit > COMMIT_SECONDS:
+                    out.flush()
+                    self._commit(meta, offsets, hashes, n_docs, n_tokens, rows_read, complete=False)
+                    last_commit = time.monotonic()
+            out.flush()
+            os.fsync(out.fileno())
+        bar.close()
+        self._commit(meta, offsets, hashes, n_docs, n_tokens, rows_read, complete=complete)
+        log.info("token cache %s: %d documents, %d tokens (%d source rows read)%s", self.path, n_docs, n_tokens,
+                 rows_read, "; the source ends there" if complete else "")
+
+    def _commit(self, meta: dict[str, Any], offsets: list[np.ndarray], hashes: list[np.ndarray], n_docs: int,
+                n_tokens: int, rows_read: int, *, complete: bool) -> None:
+        for name, parts in (("offsets.npy", offsets), ("doc_hash.npy", hashes)):
+            tmp = self.path / f".{name}.tmp.npy"
+            np.save(tmp, np.concatenate(parts))
+            os.replace(tmp, self.path / name)
+        meta = dict(meta, num_documents=n_docs, num_tokens=n_tokens, rows_read=rows_read, complete=complete)
+        tmp = self.path / ".meta.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+        os.replace(tmp, self.path / "meta.json")
+
+
+def sample_rate(cfg: DataConfig, tokenizer: Tokenizer, source: Source, *, rows: int = 1000,
+                max_bytes: int = 2 << 20) -> tuple[float, float]:
+    """(tokens per second of one worker process, tokens per document), measured on the source's first rows in a
+    worker started the way the cache starts them."""
+    sample, size = [], 0
+    for row in iter_rows(source, cfg):
+        sample.append(row)
+        size += len(row[0]) if isinstance(row[0], (str, bytes)) else 0
+        if len(sample) >= rows or size >= max_bytes:
+            break
+    dtype = token_dtype(tokenizer.vocab_size)
+    pool = _Pool(1, tokenizer.name, dtype.name) if tokenizer.name != "bytes" else _Serial("bytes", dtype.name)
+    try:
+        pool.submit(sample[:8]).get()  # the worker's start and the tokenizer's first call are not the rate
+        begin = time.perf_counter()
+        flat = pool.submit(sample).get()[0]
+        seconds = time.perf_counter() - begin
+    finally:
+        pool.close()
+    return len(flat) / max(seconds, 1e-9), len(flat) / max(len(sample), 1)
+
+
+__all__ = ["PrefixCache", "default_workers", "sample_rate", "tokenize_in_order", "tokenize_needed"]
