@@ -234,3 +234,17 @@ def test_saved_config_is_fla_s_and_fla_s_parameter_shapes(tmp_path):
     assert shapes["model.layers.0.attn.o_norm.weight"] == (512,)
     per_layer = sum(v.numel() for k, v in big.state_dict().items() if k.startswith("model.layers.0.attn."))
     assert math.isclose(per_layer / 2048**2, 6.0, rel_tol=0.01)
+
+
+def test_what_each_part_carries_across_a_cut(close_scaled):
+    """Carried whole, a cut is invisible; zeroing either part changes the next token (the windows hold the conv's
+    last three inputs, read by the first outputs after the cut; docs/interventions.md measures what each costs)."""
+    model = sharpened(nano())
+    x, cut = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(7)), 24
+    with torch.no_grad():
+        full, _ = model(x, random_state(model, 2))
+        _, state = model(x[:, :cut], random_state(model, 2))
+        close_scaled(model(x[:, cut:], state)[0], full[:, cut:], 1e-5, "logits after a cut, everything carried")
+        for part in GatedDeltaNetState.part_names():
+            zeroed = GatedDeltaNetState(**{**state.parts(), part: torch.zeros_like(getattr(state, part))})
+            assert (model(x[:, cut:], zeroed)[0][:, 0] - full[:, cut]).abs().max() > 1e-3, part
