@@ -40,10 +40,10 @@ COMMIT_SECONDS = 30.0
 
 
 def default_workers(cfg: DataConfig) -> int:
-    """data.num_proc, or the cores this process may use (the parent only reads and appends)."""
-    if cfg.num_proc:
-        return cfg.num_proc
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """data.num_proc, at most the cores this process may use (more would only take turns; the parent only reads
+    and appends)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cfg.num_proc, cores) if cfg.num_proc else cores
 
 
 def tokenize_needed(cfg: DataConfig, source: Source | None = None) -> bool:
@@ -68,10 +68,10 @@ def tokenize_needed(cfg: DataConfig, source: Source | None = None) -> bool:
 _TOKENIZE: TokenizeBatch | None = None
 
 
-def _init_worker(spec: str, dtype: str) -> None:
+def _init_worker(spec: str, dtype: str, *, process: bool = True) -> None:
     global _TOKENIZE
-    # One process per core: the Rust tokenizer's own thread pool would only compete with the other workers.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if process:  # one process per core: the Rust tokenizer's own thread pool would only compete with the others
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENIZE = TokenizeBatch(load_tokenizer(spec), text_field="text", id_field="id", dtype=np.dtype(dtype))
 
 
@@ -99,7 +99,7 @@ class _Serial:
     """The pool's interface in this process (one worker: no processes to start)."""
 
     def __init__(self, spec: str, dtype: str) -> None:
-        _init_worker(spec, dtype)
+        _init_worker(spec, dtype, process=False)
 
     def submit(self, chunk):
         result = _tokenize_chunk(chunk)
@@ -232,26 +232,27 @@ class PrefixCache:
         os.replace(tmp, self.path / "meta.json")
 
 
-def sample_rate(cfg: DataConfig, tokenizer: Tokenizer, source: Source, *, rows: int = 1000,
+def sample_rate(cfg: DataConfig, tokenizer: Tokenizer, source: Source, *, workers: int,
                 max_bytes: int = 2 << 20) -> tuple[float, float]:
-    """(tokens per second of one worker process, tokens per document), measured on the source's first rows in a
-    worker started the way the cache starts them."""
-    sample, size = [], 0
-    for row in iter_rows(source, cfg):
-        sample.append(row)
-        size += len(row[0]) if isinstance(row[0], (str, bytes)) else 0
-        if len(sample) >= rows or size >= max_bytes:
-            break
-    dtype = token_dtype(tokenizer.vocab_size)
-    pool = _Pool(1, tokenizer.name, dtype.name) if tokenizer.name != "bytes" else _Serial("bytes", dtype.name)
-    try:
-        pool.submit(sample[:8]).get()  # the worker's start and the tokenizer's first call are not the rate
-        begin = time.perf_counter()
-        flat = pool.submit(sample).get()[0]
-        seconds = time.perf_counter() - begin
-    finally:
-        pool.close()
-    return len(flat) / max(seconds, 1e-9), len(flat) / max(len(sample), 1)
+    """(tokens per second, tokens per document) of the cache's own pipeline (reading, `workers` processes started,
+    writing aside) on the source's first `max_bytes` of text: what a build of that source will run at on this
+    machine as loaded as it is now."""
+
+    def first_rows() -> Iterator[Row]:
+        size = 0
+        for row in iter_rows(source, cfg):
+            yield row
+            size += len(row[0]) if isinstance(row[0], (str, bytes)) else 0
+            if size >= max_bytes:
+                return
+
+    tokens = documents = 0
+    begin = time.perf_counter()
+    for flat, lengths, _, _ in tokenize_in_order(first_rows(), tokenizer.name, token_dtype(tokenizer.vocab_size),
+                                                 workers=workers):
+        tokens, documents = tokens + len(flat), documents + len(lengths)
+    seconds = time.perf_counter() - begin
+    return tokens / max(seconds, 1e-9), tokens / max(documents, 1)
 
 
 __all__ = ["PrefixCache", "default_workers", "sample_rate", "tokenize_in_order", "tokenize_needed"]

@@ -33,12 +33,12 @@ def tokenize_plan(cfg: DataConfig, *, steps: int, num_global_lanes: int) -> str 
             return (f"needed: cached already ({corpus.num_documents} documents, {corpus.num_tokens} tokens cover "
                     f"{how})")
         want = max(todo, want - corpus.num_tokens)
-    rate, per_doc = sample_rate(cfg, tokenizer, cache.source)
     workers = default_workers(cfg)
-    seconds = want / (rate * workers)
+    rate, per_doc = sample_rate(cfg, tokenizer, cache.source, workers=workers)
     cached = f", {corpus.num_tokens} cached" if corpus.num_documents else ""
-    return (f"needed: ~{want:,} tokens (~{round(want / per_doc):,} documents{cached}) for {how}; ~{seconds:.0f} s "
-            f"at {rate:,.0f} tokens/s x {workers} processes (measured on the source's first documents)")
+    who = f"{workers} worker{'s' if workers > 1 else ''}"
+    return (f"needed: ~{want:,} tokens (~{round(want / per_doc):,} documents{cached}) for {how}; ~{want / rate:.0f} s "
+            f"at {rate:,.0f} tokens/s ({who}, measured on the source's first 2 MB)")
 
 
 __all__ = ["tokenize_plan"]

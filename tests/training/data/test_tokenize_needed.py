@@ -159,7 +159,7 @@ def test_needed_refuses_a_source_it_cannot_stream(tmp_path):
 def test_the_dry_run_says_how_many_tokens_and_how_long(tmp_path, source):
     cfg = config(source, tmp_path / "cache")
     line = tokenize_plan(cfg, steps=10, num_global_lanes=3)
-    assert line is not None and line.startswith("needed: ~") and "tokens/s x 1 processes" in line
+    assert line is not None and line.startswith("needed: ~") and "tokens/s (1 worker, measured" in line
     assert int(line.split("~")[1].split(" ")[0].replace(",", "")) > steps_to_cover(10) * 16 * 3
     RecurlenDataModule(cfg, steps=10).setup()
     assert tokenize_plan(cfg, steps=10, num_global_lanes=3).startswith("needed: cached already")
@@ -195,3 +195,31 @@ def test_the_held_out_plan_leaves_a_needed_source_to_the_run(tmp_path, source):
     assert heldout_plan(config(source, tmp_path / "cache")) is None  # no whole-source cache is built for it
     assert not any(p.name.startswith("corpus-") for p in (tmp_path / "cache").glob("*"))
     assert heldout_plan(config(source, tmp_path / "cache", tokenize="all")) is not None
+
+
+def test_a_trainer_run_tokenizes_for_its_max_steps_and_a_resumed_longer_run_reads_on(tmp_path, source):
+    import lightning as L
+
+    from tests.training.data.test_data_trainer import Recorder
+
+    def fit(max_steps: int, ckpt_path=None) -> tuple[Recorder, RecurlenDataModule, L.Trainer]:
+        dm = RecurlenDataModule(config(source, tmp_path / "cache", val_segments=0, val_sequences=0))
+        model = Recorder()
+        trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, use_distributed_sampler=False,
+                            logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            enable_checkpointing=False, limit_val_batches=0)
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return model, dm, trainer
+
+    short, dm, trainer = fit(6)
+    assert dm.sampler.covered >= steps_to_cover(6) and dm.corpus.num_documents < 100
+    trainer.save_checkpoint(tmp_path / "six.ckpt")
+    longer, dm2, _ = fit(400, ckpt_path=tmp_path / "six.ckpt")
+    assert dm2.sampler.covered >= steps_to_cover(400) > dm.sampler.covered
+    whole_cfg = config(source, tmp_path / "whole", val_segments=0, val_sequences=0)
+    PrefixCache(whole_cfg, ByteTokenizer()).extend(lambda c: 1 << 40)
+    whole = RecurlenDataModule(whole_cfg, steps=400)
+    whole.setup()
+    seen = short.train_seen + longer.train_seen
+    assert [int(b["step"]) for b in seen] == list(range(400))
+    assert_same(seen, batches(whole, range(400)))
