@@ -223,3 +223,31 @@ def test_a_trainer_run_tokenizes_for_its_max_steps_and_a_resumed_longer_run_read
     seen = short.train_seen + longer.train_seen
     assert [int(b["step"]) for b in seen] == list(range(400))
     assert_same(seen, batches(whole, range(400)))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "txt", "jsonl.gz"])
+def test_other_formats_read_the_documents_of_the_whole_source_cache_also_when_extended(tmp_path, fmt):
+    docs = texts(70)
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        src = tmp_path / "c.parquet"
+        pq.write_table(pa.table({"text": docs}), src, row_group_size=16)  # skips cross row groups
+    elif fmt == "txt":
+        src = tmp_path / "folder"
+        src.mkdir()
+        for i, t in enumerate(docs):
+            (src / f"{i:03d}.txt").write_text(t)
+    else:
+        import gzip
+
+        src = tmp_path / "c.jsonl.gz"
+        src.write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in docs).encode()))
+    cache = PrefixCache(config(src, tmp_path / "c"), ByteTokenizer())
+    cache.extend(lambda c: 0 if c.num_documents >= 20 else 1)  # a first piece, then the rest from where it ended
+    needed = cache.extend(lambda c: 1 << 40)
+    whole = load_corpus(config(src, tmp_path / "d", tokenize="all"), ByteTokenizer())
+    assert needed.num_documents == whole.num_documents == 70
+    assert np.array_equal(np.asarray(needed.tokens), np.asarray(whole.tokens))
+    assert np.array_equal(needed.doc_hash, whole.doc_hash)
