@@ -11,19 +11,11 @@ from typing import Any
 __all__ = ["Mamba2Config", "Mamba2LM", "RecurrentState", "preset"]
 
 
-def _version() -> str:
-    """The installed distribution's version: pyproject.toml's `version`, the one place it is written."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("recurlen")
-    except PackageNotFoundError:  # a source tree put on the path without installing it
-        return "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        return _version()
+        from recurlen.util.version import installed_version
+
+        return installed_version()
     if name in __all__:
         from recurlen.models import registry
 

@@ -462,9 +462,9 @@ def main(argv: list[str] | None = None) -> int:
         _out(overview())
         return 0
     if argv[0] in ("-V", "--version"):
-        from recurlen import __version__
+        from recurlen.util.version import installed_version
 
-        _out(f"recurlen {__version__}")
+        _out(f"recurlen {installed_version()}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
