@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -251,3 +252,21 @@ def test_other_formats_read_the_documents_of_the_whole_source_cache_also_when_ex
     assert needed.num_documents == whole.num_documents == 70
     assert np.array_equal(np.asarray(needed.tokens), np.asarray(whole.tokens))
     assert np.array_equal(needed.doc_hash, whole.doc_hash)
+
+
+def test_the_command_dry_run_prints_the_tokenize_line_and_writes_nothing(tmp_path, source, capsys, cli_logs):
+    from recurlen.commands.cli import main
+
+    cache = tmp_path / "cache"
+    args = ["finetune", f"data.source={source}", f"data.cache_dir={cache}", "data.tokenize=needed",
+            "data.val_mode=pack", "data.val_length=256", "data.val_sequences=2", "trainer.max_steps=7",
+            "trainer.accumulate_grad_batches=2", "trainer.devices=2", "trainer.accelerator=cpu",
+            f"run_dir={tmp_path / 'run'}", "--dry-run"]
+    main(args)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("tokenize"))
+    # 7 optimizer steps x 2 micro-steps; 2 devices x data.batch_size lanes.
+    assert re.search(r"needed: ~[\d,]+ tokens \(~[\d,]+ documents\) for 14 steps x \d+ tokens x \d+ lanes", line)
+    lanes = int(re.search(r"x (\d+) lanes", line).group(1))
+    assert lanes % 2 == 0 and re.search(r"~\d+ s at [\d,]+ tokens/s \(\d workers?, measured", line)
+    assert not any(cache.glob("prefix-*/meta.json")) and not (tmp_path / "run").exists()
