@@ -6,6 +6,9 @@ save, per-layer statistics) act on every part alike, so they are written once he
 between architectures is declared, not coded:
   RECURRENT  the parts that carry the recurrence (float32 always; noise interventions draw these,
              state passing always carries them)
+  FRAME      the parts that give the coordinates a recurrent part is written in (Mamba-3's cumulative rotation
+             angle): carried wherever the recurrent parts are carried, float32 always, zero under the noise
+             interventions (a zero-mean draw of the recurrent part is the same draw in any frame)
   WINDOW     the parts that hold the last inputs of a short causal conv (carried only on request)
   GROUP_DIMS per recurrent part, how many dims after the batch dim index the groups over which
              fitted noise is fitted (1 = per (layer, head); 0 = per layer)
@@ -25,6 +28,7 @@ S = TypeVar("S", bound="LayeredState")
 @dataclass
 class LayeredState:
     RECURRENT: ClassVar[tuple[str, ...]] = ()
+    FRAME: ClassVar[tuple[str, ...]] = ()
     WINDOW: ClassVar[tuple[str, ...]] = ()
     GROUP_DIMS: ClassVar[dict[str, int]] = {}
 
@@ -125,8 +129,14 @@ class LayeredState:
         """Move every part; recurrent parts stay float32, windows may take the model's dtype."""
         return self._map(lambda n, t: t.to(device=device, dtype=window_dtype if n in self.WINDOW else None))
 
+    @classmethod
+    def float32_parts(cls) -> tuple[str, ...]:
+        """The parts kept in float32: the recurrent parts and their frames (they accumulate over long inputs)."""
+        return cls.RECURRENT + cls.FRAME
+
     def recurrent_only(self: S) -> S:
-        """The recurrent parts with the conv windows zeroed: what the paper's pseudocode passes."""
+        """The recurrent parts (and their frames) with the conv windows zeroed: what the paper's pseudocode
+        passes. A recurrent part without its frame would be read in the wrong coordinates."""
         return self._map(lambda n, t: torch.zeros_like(t) if n in self.WINDOW else t)
 
     # ------------------------------------------------------------------ checks / io
@@ -139,7 +149,7 @@ class LayeredState:
             if tuple(t.shape) != tuple(w.shape):
                 raise ValueError(f"state.{name} has shape {tuple(t.shape)}; this model and batch need "
                                  f"{tuple(w.shape)}")
-            if name in self.RECURRENT and t.dtype not in (torch.float32, torch.float64):
+            if name in self.float32_parts() and t.dtype not in (torch.float32, torch.float64):
                 raise ValueError(f"state.{name} must be float32 (it accumulates over long inputs; float64 is "
                                  f"allowed for double-precision checks); got {t.dtype}")
             if not t.dtype.is_floating_point:
@@ -155,7 +165,7 @@ class LayeredState:
         missing = sorted(set(cls.part_names()) - set(d))
         if missing:
             raise ValueError(f"a saved {cls.__name__} needs keys {list(cls.part_names())}; missing {missing}")
-        return cls(**{n: d[n].float() if n in cls.RECURRENT else d[n] for n in cls.part_names()})
+        return cls(**{n: d[n].float() if n in cls.float32_parts() else d[n] for n in cls.part_names()})
 
     def norms(self) -> dict[str, torch.Tensor]:
         """Per-layer RMS of each part over everything but the layer dim: cheap summaries for logging."""

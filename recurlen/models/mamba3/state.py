@@ -10,7 +10,9 @@ Per layer:
   angle  the cumulative rotation angle theta_t (H, S), kept mod 2 pi: B and C are rotated by it (RoPE), so the
          state's key axis lives in the frame of theta_t. Only angle differences reach the outputs: rotating the
          angle, h's key pairs and k together is an exact symmetry, so a random angle is not new information for
-         zero-mean noise on h. WINDOW (see docs/interventions.md for what zeroing it at a cut costs).
+         zero-mean noise on h. FRAME: carried with ssm wherever ssm is carried (ssm without its angle is
+         read in the wrong coordinates: worse than a reset, docs/interventions.md), zero under the noise
+         interventions, float32.
   k, v   the previous token's rotated key (H, N) and value (H, P), which the trapezoidal rule's beta term needs
          for the first token of the next call. A window of one token, like Mamba's conv window. WINDOW.
 
@@ -35,7 +37,8 @@ class Mamba3State(LayeredState):
     v: torch.Tensor  # (K, B, H, P)
 
     RECURRENT: ClassVar[tuple[str, ...]] = ("ssm",)
-    WINDOW: ClassVar[tuple[str, ...]] = ("angle", "k", "v")
+    FRAME: ClassVar[tuple[str, ...]] = ("angle",)
+    WINDOW: ClassVar[tuple[str, ...]] = ("k", "v")
     GROUP_DIMS: ClassVar[dict[str, int]] = {"ssm": 1}  # fitted noise per (layer, head)
 
     def __post_init__(self) -> None:

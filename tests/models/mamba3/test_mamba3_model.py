@@ -79,7 +79,7 @@ def test_state_type():
     model = make()
     state = model.zero_state(3)
     cfg = model.config
-    assert Mamba3State.RECURRENT == ("ssm",) and Mamba3State.WINDOW == ("angle", "k", "v")
+    assert (Mamba3State.RECURRENT, Mamba3State.FRAME, Mamba3State.WINDOW) == (("ssm",), ("angle",), ("k", "v"))
     assert state.ssm.shape == (2, 3, cfg.nheads, cfg.headdim, cfg.d_state)
     assert state.angle.shape == (2, 3, cfg.nheads, cfg.num_rope_angles) == (2, 3, 4, 4)
     assert state.k.shape == (2, 3, cfg.nheads, cfg.d_state) and state.v.shape == (2, 3, cfg.nheads, cfg.headdim)
@@ -159,3 +159,10 @@ def test_what_each_part_carries_across_a_cut():
         assert scaled(after(turned), full[:, cut:]) < 1e-5
         only_angle = Mamba3State(state.ssm, torch.remainder(state.angle + phi, 2 * torch.pi), state.k, state.v)
         assert (after(only_angle)[:, 0] - full[:, cut]).abs().max() > 1e-3
+        # What state passing and TBTT hand over by default (recurrent_only: ssm in its frame, the one-token window
+        # k / v zeroed) continues the sequence far better than ssm with its angle zeroed, the old default.
+        frameless = Mamba3State(state.ssm, torch.zeros_like(state.angle), torch.zeros_like(state.k),
+                                torch.zeros_like(state.v))
+        assert torch.equal(state.recurrent_only().angle, state.angle)
+        kept, lost = (scaled(after(s)[:, 1:], full[:, cut + 1:]) for s in (state.recurrent_only(), frameless))
+        assert kept < lost / 5, (kept, lost)
