@@ -233,6 +233,17 @@ def lm_peak_parser(doc: str, shapes: dict, *, default: str, quick: str) -> argpa
     return parser
 
 
+def start_lm_peak(args: argparse.Namespace, title: str, *, default: list[str], quick: list[str]) -> MatmulPeak:
+    """What a --quick / full LM-against-the-peak run sets before its first shape: the shapes and timed steps (quick
+    2, else 3) left unset on the command line, the threads, the environment header and the peak before the model."""
+    args.shapes = args.shapes or (quick if args.quick else default)
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    print_environment(title, set_threads(args.threads))
+    peak = MatmulPeak(size=args.peak_size)
+    peak.measure("before")
+    return peak
+
+
 def time_lm_step(model: torch.nn.Module, *, vocab: int, batch: int, length: int, flops_per_token: float,
                  args: argparse.Namespace, peak: MatmulPeak) -> dict:
     """One LM's training step (forward + next-token cross-entropy + backward + fused AdamW, float32) on a random
@@ -261,6 +272,6 @@ def report_lm_shapes(results: dict[str, dict], peak: MatmulPeak, *, benchmark: s
                                              f"{'met' if fraction >= target else 'MISSED'})")
         print(f"summary {name}: {r['flops'] / 1e9:.1f} GFLOP/s = {fraction:.1%} of the largest peak{verdict}; "
               f"{first:.1%} of the peak measured before the model alone")
-        record(path, benchmark=benchmark, shape=r["shape"], unit="tokens/s", recurlen=r["tok_s"], peers={},
-               ratios={}, higher_is_better=True, pct_of_peak=fraction,
+        record(path, benchmark=r.get("benchmark", benchmark), shape=r["shape"], unit="tokens/s", recurlen=r["tok_s"],
+               peers={}, ratios={}, higher_is_better=True, pct_of_peak=fraction,
                target="" if target is None else f">= {target:.0%} of peak", peak=peak.summary())

@@ -63,12 +63,8 @@ def bench_shape(name: str, args: argparse.Namespace, peak: _common.MatmulPeak) -
 def main() -> None:
     parser = _common.lm_peak_parser(__doc__, SHAPES, default="340m", quick="both shapes")
     args = parser.parse_args()
-    args.shapes = args.shapes or (list(SHAPES) if args.quick else ["340m"])
-    args.repeats = args.repeats or (2 if args.quick else 3)
-    threads = _common.set_threads(args.threads)
-    _common.print_environment("GLA training step (backend='torch'): fraction of the float32 matmul peak", threads)
-    peak = _common.MatmulPeak(size=args.peak_size)
-    peak.measure("before")
+    peak = _common.start_lm_peak(args, "GLA training step (backend='torch'): fraction of the float32 matmul peak",
+                                 default=["340m"], quick=list(SHAPES))
     results = {name: bench_shape(name, args, peak) for name in args.shapes}
     peak.measure("after")
     _common.report_lm_shapes(results, peak, benchmark="GLA train step", path=args.results)

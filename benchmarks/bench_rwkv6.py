@@ -105,12 +105,8 @@ def bench_scan_peer(args: argparse.Namespace, peak: _common.MatmulPeak) -> dict 
 def main() -> None:
     parser = _common.lm_peak_parser(__doc__, SHAPES, default="small", quick="the tiny shape")
     args = parser.parse_args()
-    args.shapes = args.shapes or (["tiny"] if args.quick else ["small"])
-    args.repeats = args.repeats or (2 if args.quick else 3)
-    threads = _common.set_threads(args.threads)
-    _common.print_environment("RWKV-6 training step (backend='torch'): fraction of the float32 matmul peak", threads)
-    peak = _common.MatmulPeak(size=args.peak_size)
-    peak.measure("before")
+    peak = _common.start_lm_peak(args, "RWKV-6 training step (backend='torch'): fraction of the float32 matmul peak",
+                                 default=["small"], quick=["tiny"])
     results = {name: bench_shape(name, args, peak) for name in args.shapes}
     scan = bench_scan_peer(args, peak)
     peak.measure("after")
