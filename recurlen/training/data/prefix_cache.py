@@ -95,6 +95,16 @@ def _chunks(rows: Iterator[Row]) -> Iterator[list[Row]]:
         yield chunk
 
 
+class _Done:
+    """A result already computed, with the `get()` of the pool's AsyncResult."""
+
+    def __init__(self, result) -> None:
+        self.result = result
+
+    def get(self):
+        return self.result
+
+
 class _Serial:
     """The pool's interface in this process (one worker: no processes to start)."""
 
@@ -102,8 +112,7 @@ class _Serial:
         _init_worker(spec, dtype, process=False)
 
     def submit(self, chunk):
-        result = _tokenize_chunk(chunk)
-        return type("Done", (), {"get": staticmethod(lambda: result)})()
+        return _Done(_tokenize_chunk(chunk))
 
     def close(self) -> None:
         pass
