@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common
 import numpy as np
 
 
@@ -85,13 +86,19 @@ def first_batch_seconds(cfg, *, steps: int) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gigabytes", type=float, default=1.5, help="uncompressed size of the generated source")
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--gigabytes", type=float, default=None,
+                        help="uncompressed size of the generated source (default 1.5, quick 0.05)")
+    parser.add_argument("--steps", type=int, default=None, help="the run's steps (default 500, quick 50)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a 0.05 GB source and 50 steps (make bench): the ratio shrinks with the source")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--skip-all", action="store_true", help="measure tokenize=needed only")
     parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
+    _common.add_results_option(parser)
     args = parser.parse_args()
+    args.gigabytes = args.gigabytes or (0.05 if args.quick else 1.5)
+    args.steps = args.steps or (50 if args.quick else 500)
 
     from recurlen.training.data.config import DataConfig
     from recurlen.training.data.datamodule import RecurlenDataModule  # noqa: F401 (imported outside the timings)
@@ -126,6 +133,13 @@ def main() -> None:
                   f"cached; ratio all / needed {result['all_seconds'] / result['needed_seconds']:.1f}x", flush=True)
         if args.out:
             args.out.write_text(json.dumps(result, indent=1))
+        all_s = result.get("all_seconds")
+        _common.record(args.results, benchmark="time to the first batch, tokenize=needed",
+                       shape=f"{size / 1e9:.2f} GB source, {args.steps} x {args.batch_size} x {args.seq_len}",
+                       unit="s", recurlen=result["needed_seconds"],
+                       peers={} if all_s is None else {"tokenize=all": all_s},
+                       ratios={} if all_s is None else {"tokenize=all": all_s / result["needed_seconds"]},
+                       higher_is_better=False)
 
 
 if __name__ == "__main__":
