@@ -8,6 +8,7 @@ lengths (log-normal, median ~900 words, capped at 40k) of Zipf-distributed pseud
 
     .venv/bin/python benchmarks/bench_first_step.py --gigabytes 1.5
     .venv/bin/python benchmarks/bench_first_step.py --gigabytes 0.25   # a shared machine: extrapolate 'all'
+    .venv/bin/python benchmarks/bench_first_step.py --quick            # 0.05 GB, 50 steps (make bench)
 
 'all' grows linearly with the source (one tokenization pass over every document); 'needed' depends on the run
 (steps x T x lanes), not on the source's size.
