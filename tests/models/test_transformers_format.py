@@ -42,8 +42,10 @@ def test_transformers_loads_what_recurlen_writes_with_the_same_logits(tmp_path, 
     transformers_format.save(model, tmp_path, fmt)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == fmt.model_type and config["vocab_size"] == model.config.padded_vocab_size
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == fmt.class_name
+    # transformers' own class, not its Auto classes: importing fla (the GLA / Gated DeltaNet kernels) re-registers
+    # the model types mamba and mamba2 with fla's classes for the rest of the process.
+    hf = getattr(transformers, fmt.class_name).from_pretrained(tmp_path).eval()
+    assert type(hf).__module__.startswith("transformers.")
     with torch.no_grad():
         ours = model(IDS)[0]
         theirs = hf(IDS).logits
@@ -62,15 +64,17 @@ def _hf_config(transformers, name: str):
     a = registry.get(name)
     raw = a.transformers_format.config_json(a.preset("nano", **(dict(a.variants[0]) if a.variants else {})))
     raw.pop("architectures")
-    return transformers.AutoConfig.for_model(raw.pop("model_type"),
-                                             **{**raw, "vocab_size": 100, "tie_word_embeddings": False})
+    assert raw.pop("model_type") == a.transformers_format.model_type
+    return getattr(transformers, a.transformers_format.class_name).config_class(
+        **{**raw, "vocab_size": 100, "tie_word_embeddings": False})
 
 
 @pytest.mark.parametrize("name", ARCHS)
 def test_recurlen_loads_what_transformers_writes_with_the_same_logits(tmp_path, close_scaled, name):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    hf = perturbed(transformers.AutoModelForCausalLM.from_config(_hf_config(transformers, name)), seed=2).eval()
+    hf_cls = getattr(transformers, registry.get(name).transformers_format.class_name)
+    hf = perturbed(hf_cls(_hf_config(transformers, name)), seed=2).eval()
     hf.save_pretrained(tmp_path)  # transformers' own config.json (non-default fields only) and model.safetensors
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "recurlen_config.json").exists()
     a = registry.detect(tmp_path)
@@ -86,7 +90,7 @@ def test_the_declared_defaults_are_transformers_own(name):
     """A config.json that leaves a field out means transformers' default (older or hand-written files do)."""
     transformers = pytest.importorskip("transformers")
     fmt = registry.get(name).transformers_format
-    theirs = transformers.AutoConfig.for_model(fmt.model_type)
+    theirs = getattr(transformers, fmt.class_name).config_class()
     for f in fmt.fields:
         if f.default != "auto":  # time_step_rank: computed from hidden_size by both
             assert transformers_format._plain(f.default) == transformers_format._plain(getattr(theirs, f.theirs)), \
