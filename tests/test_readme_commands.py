@@ -347,10 +347,11 @@ class World:
 
 def stand_ins(world: Path) -> None:
     """Copies of the tiny demo's tbptt run where lines read runs made on GPUs or by other demo settings:
-    `make eval`'s default RUNS (none, state_passing), the documented 780m fine-tunings, results to report, and
-    empty stand-ins for the data files that GPU lines read (DATA_STAND_INS)."""
+    the full demo's post-trainings (`make eval`'s default RUNS, the model card's Reproduce lines), the documented
+    780m fine-tunings, results to report, and empty stand-ins for the data files that GPU lines read
+    (DATA_STAND_INS)."""
     post = world / "runs" / "demo" / "post"
-    targets = [post / "none", post / "state_passing"]
+    targets = [post / name for name in ("none", "random_noise", "fitted_noise", "state_passing")]
     targets += [world / "runs" / "finetune" / f"780m-{name}" for name in ("none", "fitted_noise", "state_passing",
                                                                           "tbptt")]
     for target in targets:
