@@ -6,12 +6,19 @@ code path). Imported by tests/models/mamba3/test_mamba3_kernels_cpu.py inside it
   - the wrappers cast q, k, v, the trapezoid's weight, the angles and z to bfloat16, and the forward keeps its chunk
     states in bfloat16. The interpreter mishandles bfloat16 (outputs ~1e9, different for each chunk size), so here
     those casts are float32: the tests compare the kernels' algorithm in float32. On a GPU the bf16 casts stay.
+  - mamba-ssm's package `__init__` needs its CUDA extension. recurlen's kernel path imports the Triton module with an
+    empty package in its place, but only when it has to: where another library (fla's models try to import
+    mamba-ssm) left the Triton modules in sys.modules without the package, the kernel imports without it, and
+    `mamba_ssm.modules.mamba3` (the reference module, imported by the tests only) would run the failing `__init__`.
+    The empty package is put in place for the tests too.
   - two backward wrappers (compute_dzdo, compute_dqkv) assert that their tensors are on CUDA; they are recompiled
     from their own source without that line (the kernels they launch run on CPU tensors under the interpreter).
 """
 
 import importlib
+import importlib.util
 import inspect
+import sys
 import types
 
 import pytest
@@ -68,3 +75,14 @@ def patch_mamba3_kernels() -> pytest.MonkeyPatch:
         patch.setattr(bwd, name, defined[name])
         patch.setattr(combined, name, defined[name])
     return patch
+
+
+def mamba_ssm_package_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty `mamba_ssm` package in sys.modules where none is (see the module docstring), undone with the patch."""
+    if "mamba_ssm" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mamba_ssm")
+    package = types.ModuleType("mamba_ssm")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    monkeypatch.setitem(sys.modules, "mamba_ssm", package)

@@ -27,13 +27,14 @@ LENGTH = 37  # 3 chunks of 16, the last one partial
 @pytest.fixture(scope="module")
 def mamba3_interpreter(triton_cpu):
     """mamba-ssm's Mamba-3 kernels imported now (after triton_cpu's patches), patched for the interpreter."""
-    from mamba3_interpreter_patches import patch_mamba3_kernels
+    from mamba3_interpreter_patches import mamba_ssm_package_in_place, patch_mamba3_kernels
 
     m3_kernels._mamba3_kernel.cache_clear()
     fn, why = m3_kernels._mamba3_kernel()
     if fn is None:
         pytest.fail(f"mamba-ssm's Mamba-3 kernel does not import ({why}); make test-kernels installs it")
     patch = patch_mamba3_kernels()
+    mamba_ssm_package_in_place(patch)
     yield fn
     patch.undo()
     m3_kernels._mamba3_kernel.cache_clear()
