@@ -12,7 +12,11 @@ Nothing here imports a kernel package: `load` does, the first time a kernel back
 from __future__ import annotations
 
 import functools
+import importlib.util
+import logging
 import os
+import sys
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ from typing import Any
 import torch
 
 BACKENDS = ("auto", "torch", "kernel")
+log = logging.getLogger(__name__)
 
 
 def check_backend(value: str) -> str:
@@ -87,3 +92,27 @@ def _warn_auto_without_kernels(what: str, why: str, install: str) -> None:
 
 
 __all__ = ["BACKENDS", "KernelPath", "check_backend", "interpreter_on"]
+
+
+def import_without_failing_init(package: str, load: Callable[[], Any], what: str) -> tuple[Any, str | None]:
+    """(load(), None), or (None, why not). A package whose `__init__` fails (mamba-ssm built without its CUDA
+    extensions, `MAMBA_SKIP_CUDA_BUILD=TRUE`, loads Mamba-1's extension there) is given an empty package in place of
+    its `__init__`, so that `load` can import its Triton modules; `what` names them in the log line that says so."""
+    try:
+        return load(), None
+    except Exception as err:  # ImportError, or a CUDA extension that fails to load
+        first = f"{type(err).__name__}: {err}"
+    if package in sys.modules or importlib.util.find_spec(package) is None:
+        return None, first  # the package imported (the failure is the kernel's), or it is not installed
+    spec = importlib.util.find_spec(package)
+    empty = types.ModuleType(package)
+    empty.__path__ = list(spec.submodule_search_locations)
+    empty.__spec__ = spec
+    sys.modules[package] = empty
+    try:
+        loaded = load()
+    except Exception as err:
+        sys.modules.pop(package, None)
+        return None, f"{first}; without the package __init__: {type(err).__name__}: {err}"
+    log.info("%s's package __init__ failed (%s); using %s without it", package, first, what)
+    return loaded, None

@@ -19,16 +19,10 @@ Where each path runs:
 from __future__ import annotations
 
 import functools
-import importlib.util
-import logging
-import sys
-import types
 
 import torch
 
-from recurlen.models.backends import KernelPath
-
-log = logging.getLogger(__name__)
+from recurlen.models.backends import KernelPath, import_without_failing_init
 
 INSTALL_CUDA = "pip install 'recurlen[cuda]' (on a CUDA machine; make install EXTRAS=dev,cuda TORCH_CPU=torch)"
 INSTALL_TRITON_ONLY = ("MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip install --no-build-isolation --no-deps "
@@ -42,36 +36,9 @@ def _import_triton_ops():
     return mamba_chunk_scan_combined, rmsnorm_fn
 
 
-def _import_without_package_init():
-    """Import the Triton modules with an empty `mamba_ssm` package in place of its `__init__`."""
-    spec = importlib.util.find_spec("mamba_ssm")
-    package = types.ModuleType("mamba_ssm")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__spec__ = spec
-    sys.modules["mamba_ssm"] = package
-    try:
-        return _import_triton_ops()
-    except Exception:
-        sys.modules.pop("mamba_ssm", None)
-        raise
-
-
 @functools.lru_cache(maxsize=1)
 def _mamba_kernels():
-    try:
-        return _import_triton_ops(), None
-    except Exception as err:  # ImportError, or a CUDA extension that fails to load
-        first = f"{type(err).__name__}: {err}"
-    if "mamba_ssm" in sys.modules:  # the package itself imported: the failure is in the Triton modules
-        return None, first
-    if importlib.util.find_spec("mamba_ssm") is None:  # not installed
-        return None, first
-    try:
-        fns = _import_without_package_init()
-    except Exception as err:
-        return None, f"{first}; without the package __init__: {type(err).__name__}: {err}"
-    log.info("mamba-ssm's package __init__ failed (%s); using its Triton kernels without it", first)
-    return fns, None
+    return import_without_failing_init("mamba_ssm", _import_triton_ops, "its Triton kernels")
 
 
 # `load` looks the importer up at call time (tests replace it).

@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import logging
-import sys
-import types
 
 import torch
 
-from recurlen.models.backends import KernelPath
+from recurlen.models.backends import KernelPath, import_without_failing_init
 from recurlen.models.mamba3.scan import Mamba3Parts
-
-log = logging.getLogger(__name__)
 
 INSTALL_CUDA = "pip install 'recurlen[cuda]' (on a CUDA machine; make install EXTRAS=dev,cuda TORCH_CPU=torch)"
 INSTALL_TRITON_ONLY = ("MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip install --no-build-isolation --no-deps "
@@ -37,24 +32,7 @@ def _import_siso():
 
 @functools.lru_cache(maxsize=1)
 def _mamba3_kernel():
-    try:
-        return _import_siso(), None
-    except Exception as err:  # ImportError, or a CUDA extension that fails to load
-        first = f"{type(err).__name__}: {err}"
-    if "mamba_ssm" in sys.modules or importlib.util.find_spec("mamba_ssm") is None:
-        return None, first  # the package imported (the failure is the kernel's), or it is not installed
-    spec = importlib.util.find_spec("mamba_ssm")
-    package = types.ModuleType("mamba_ssm")  # an empty package in place of its __init__
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__spec__ = spec
-    sys.modules["mamba_ssm"] = package
-    try:
-        fn = _import_siso()
-    except Exception as err:
-        sys.modules.pop("mamba_ssm", None)
-        return None, f"{first}; without the package __init__: {type(err).__name__}: {err}"
-    log.info("mamba-ssm's package __init__ failed (%s); using its Triton Mamba-3 kernel without it", first)
-    return fn, None
+    return import_without_failing_init("mamba_ssm", _import_siso, "its Triton Mamba-3 kernel")
 
 
 # `load` looks the importer up at call time (tests replace it).
