@@ -22,9 +22,11 @@ ON_NONFINITE = ("stop", "rollback")
 @dataclass
 class ModelSection:
     name: str = "tiny"
-    """A name of the model table, recurlen.models.table (docs/architectures.md; an unknown name is refused with the list), or 'custom'."""
+    """A name of the model table, recurlen.models.table (docs/architectures.md; an unknown name is refused
+    with the list), or 'custom'."""
     architecture: str = registry.DEFAULT
-    """An architecture of recurlen.models.registry (an unknown one is refused with the list); decides what `arch` holds."""
+    """An architecture of recurlen.models.registry (an unknown one is refused with the list); decides what
+    `arch` holds."""
     pretrained: str | None = None
     """Weights to start from: an official directory, a hub id in the local cache, or a recurlen run
     checkpoint / run directory. None trains from the initialisation given by `arch`."""
