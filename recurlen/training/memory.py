@@ -90,6 +90,11 @@ def activation_bytes(architecture: str, config, *, lanes: int, seq_len: int) -> 
     probe_len = min(seq_len, PROBE_LEN)
     with torch.device("meta"):
         model = registry.get(architecture).build(config, backend="torch")
+    # The device context reaches a factory function only through torch's cached list of them, and that list holds
+    # whatever torch.linspace was when it was first read: transformers' from_pretrained reads it while it has
+    # torch.linspace patched, after which a torch.linspace in an __init__ (RWKV-6's decay ramp) builds on the CPU.
+    # Moving what was built is exact for any such tensor and free for the rest.
+    model = model.to("meta")
     params = {id(p) for p in model.parameters()}
     saved = 0
 

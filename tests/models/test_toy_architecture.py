@@ -217,6 +217,31 @@ def test_registered_for_this_module_through_the_registry_only(toy):
         registry.register(dataclasses.replace(TOY, name="gla"))
 
 
+def test_the_memory_estimate_builds_on_the_meta_device_after_transformers_built_a_model(toy, monkeypatch):
+    """transformers' from_pretrained builds on the meta device with torch.linspace patched, and torch caches its list
+    of factory functions the first time a device context reads it: from then on the real torch.linspace ignores
+    `with torch.device("meta")`, and the toy's decay parameter (a torch.linspace) was built on the CPU by the
+    memory estimate, which then raised "Tensor on device meta is not on the expected device cpu" (the estimate
+    runs before every training run; test_resume_is_exact failed so after the transformers-format tests)."""
+    from torch.utils import _device
+
+    from recurlen.training import memory
+
+    original = torch.linspace
+    _device._device_constructors.cache_clear()
+    monkeypatch.setattr(torch, "linspace", lambda *a, **k: original(*a, **{"device": "cpu", **k}))
+    try:
+        with torch.device("meta"):  # fills the cache with the patched function, as transformers does
+            torch.empty(1)
+        monkeypatch.undo()
+        with torch.device("meta"):
+            assert torch.linspace(0, 1, 3).device.type == "cpu"  # the process is in the state described
+        estimated, per_lane = memory.activation_bytes(toy.name, ToyConfig(), lanes=2, seq_len=16)
+        assert estimated == 2 * per_lane > 0
+    finally:
+        _device._device_constructors.cache_clear()
+
+
 class FirstLayerStates(pl.Callback):
     """Layer 0's state into and out of every training forward, read by hooks on the first block."""
 
