@@ -1,0 +1,142 @@
+"""RWKV-7 ("Goose", arXiv 2503.14456) model configuration.
+
+Field names are those of flash-linear-attention's `RWKV7Config`, i.e. of the `config.json` in the fla-hub/rwkv7-*
+checkpoints, so an official config maps onto this dataclass 1:1. BlinkDL's x070 `.pth` checkpoints carry no config:
+their shape is read off the weights (recurlen.models.rwkv7.checkpoint) into the same fields. Options recurlen does
+not run (hybrid attention layers, value_dim wider than hidden_size, another channel-mix activation, no embedding
+norm) are refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from recurlen.models.fla_model import FlaConfig
+
+MAX_CHUNK = 64
+"""The pure-PyTorch scan factors each pair's decay as exp(c_t - m) exp(m - c_s) around the chunk's midpoint m; a
+decay per token is at least exp(-exp(-1/2)) = 0.545, so a chunk of 64 spans at most exp(+-19.4) (recurlen.models.
+rwkv7.scan): far inside float32's range. Longer chunks would drift towards its limits, and are no faster."""
+
+
+@dataclass
+class RWKV7Config(FlaConfig):
+    hidden_size: int = 128
+    """Width of the residual stream (BlinkDL: n_embd); also the key and value width of the time mix."""
+    num_hidden_layers: int = 2
+    """Number of blocks (time mix + channel mix each)."""
+    head_dim: int = 64
+    """Key (= value) channels per head; each head holds a (head_dim x head_dim) WKV state. The world models: 64."""
+    num_heads: int | None = None
+    """hidden_size / head_dim (fla derives it; given, it must agree)."""
+    decay_low_rank_dim: int = 64
+    """Rank of the data-dependent decay w (BlinkDL: w1 is hidden x this)."""
+    gate_low_rank_dim: int = 128
+    """Rank of the output gate g (BlinkDL: g1)."""
+    a_low_rank_dim: int = 64
+    """Rank of the in-context learning rate a (BlinkDL: a1)."""
+    v_low_rank_dim: int = 16
+    """Rank of the value residual's mix towards the first layer's value (BlinkDL: v1; layers after the first)."""
+    hidden_ratio: float | None = 4
+    """Channel-mix width when intermediate_size is None: hidden_size * hidden_ratio, rounded up to 32."""
+    intermediate_size: int | None = None
+    hidden_act: str = "sqrelu"
+    attn_mode: str = "chunk"
+    """fla's kernel choice; recurlen's scan is chunked either way ('chunk' or 'fused_recurrent' accepted)."""
+    norm_first: bool = True
+    """A LayerNorm on the embeddings before the first block (BlinkDL: blocks.0.ln0)."""
+    norm_bias: bool = True
+    norm_eps: float = 1e-5
+    """LayerNorm eps; the per-head output GroupNorm's is head_dim * norm_eps unless head_norm_eps is set (fla)."""
+    head_norm_eps: float | None = None
+    """eps of the per-head output GroupNorm; None: head_dim * norm_eps (fla). BlinkDL's code uses 64e-5 for every
+    head size (the same for its heads of 64)."""
+    vocab_size: int = 257
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    chunk_size: int = 32
+    """Chunk length of the pure-PyTorch scan, at most 64 (any value gives the same result)."""
+
+    MODEL_TYPE = "rwkv7"
+    TITLE = "an RWKV-7"
+    RECURLEN_ONLY = frozenset({"chunk_size", "head_norm_eps"})
+
+    def __post_init__(self) -> None:
+        self.check_positive_ints(("hidden_size", "num_hidden_layers", "head_dim", "decay_low_rank_dim",
+                                  "gate_low_rank_dim", "a_low_rank_dim", "v_low_rank_dim", "vocab_size",
+                                  "chunk_size"))
+        if self.hidden_size % self.head_dim:
+            raise ValueError(f"model config: hidden_size={self.hidden_size} must be a multiple of "
+                             f"head_dim={self.head_dim}")
+        derived = self.hidden_size // self.head_dim
+        if self.num_heads is None:
+            self.num_heads = derived
+        elif self.num_heads != derived:
+            raise ValueError(f"model config: num_heads={self.num_heads} disagrees with hidden_size / head_dim = "
+                             f"{derived}")
+        if self.chunk_size > MAX_CHUNK:
+            raise ValueError(f"model config: chunk_size={self.chunk_size} is above {MAX_CHUNK} (the scan's decays "
+                             "are factored per chunk; see recurlen.models.rwkv7.scan)")
+        if self.intermediate_size is None and (self.hidden_ratio is None or self.hidden_ratio <= 0):
+            raise ValueError("model config: give intermediate_size or a positive hidden_ratio")
+        if self.intermediate_size is not None:
+            self.check_positive_ints(("intermediate_size",))
+        if self.hidden_act != "sqrelu":
+            raise ValueError(f"model config: hidden_act={self.hidden_act!r} is not supported; allowed: 'sqrelu'")
+        if self.attn_mode not in ("chunk", "fused_recurrent"):
+            raise ValueError(f"model config: attn_mode={self.attn_mode!r}; allowed: 'chunk', 'fused_recurrent'")
+        if not self.norm_first:
+            raise ValueError("model config: norm_first=false is not supported (every RWKV-7 checkpoint has the "
+                             "embedding norm)")
+        for name in ("norm_eps", "head_norm_eps"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"model config: {name} must be > 0; got {value}")
+
+    # ------------------------------------------------------------------ derived sizes (fla's layer)
+    @property
+    def key_dim(self) -> int:
+        return self.hidden_size
+
+    @property
+    def value_dim(self) -> int:
+        return self.hidden_size
+
+    @property
+    def head_v_dim(self) -> int:
+        return self.head_dim
+
+    @property
+    def ffn_size(self) -> int:
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        size = int(self.hidden_size * self.hidden_ratio)
+        return 32 * ((size + 31) // 32)
+
+    @property
+    def group_norm_eps(self) -> float:
+        return self.head_dim * self.norm_eps if self.head_norm_eps is None else self.head_norm_eps
+
+    def describe(self) -> str:
+        return (f"RWKV-7 (hidden {self.hidden_size}, {self.num_hidden_layers} layers, {self.num_heads} heads of "
+                f"{self.head_dim} x {self.head_dim})")
+
+    # ------------------------------------------------------------------ official config.json
+    def to_official_json(self) -> dict[str, Any]:
+        """fla's RWKV7Config as written by `save_pretrained` (model_type 'rwkv7')."""
+        return self.official_json(architectures=["RWKV7ForCausalLM"], attn=None, fuse_norm=True,
+                                  value_dim=[self.hidden_size] * self.num_hidden_layers)
+
+    @classmethod
+    def from_official_json(cls, cfg: dict[str, Any], *, source: str = "config.json") -> RWKV7Config:
+        value_dim = cfg.get("value_dim")
+        hidden = cfg.get("hidden_size")
+        if value_dim is not None and any(v != hidden for v in (value_dim if isinstance(value_dim, list)
+                                                                else [value_dim])):
+            raise ValueError(f"{source}: value_dim={value_dim!r} is not supported (recurlen's RWKV-7 has value_dim "
+                             f"= hidden_size = {hidden} in every layer)")
+        return cls(**cls.official_kwargs(cfg, source=source, refused={"attn": None}))
+
+
+__all__ = ["MAX_CHUNK", "RWKV7Config"]

@@ -1,0 +1,38 @@
+"""Optional GPU path for RWKV-7: flash-linear-attention's chunked WKV-7 kernel (Triton).
+
+`fla.ops.rwkv7.chunk_rwkv7(r, w, k, v, a, b, scale, initial_state, output_final_state, ...)` takes log decays w
+(B, T, H, K), the rank-one vectors a = -kappa and b = kappa * alpha, and an initial state (N, H, K, V) key-major,
+and returns the final one: the same recurrence as recurlen.models.rwkv7.scan with scale 1. It is called as fla's
+own RWKV7Attention calls it: safe_gate with RWKV-7's decay floor (-exp(-1/2)), chunks of 64. Nothing from fla is
+imported at module load time.
+
+On CPU tensors the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported, with
+recurlen[kernels-cpu] and fla-core): the kernel tests use it to execute this glue without a GPU (make test-kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from recurlen.models.backends import KernelPath
+from recurlen.models.fla_model import FLA_INSTALL_CPU, FLA_INSTALL_CUDA, cached_loader, run_chunked
+from recurlen.models.rwkv7.scan import LOG_DECAY_FLOOR
+
+_chunk_rwkv7 = cached_loader("fla.ops.rwkv7", "chunk_rwkv7")
+
+KERNELS = KernelPath(what="flash-linear-attention's chunk_rwkv7 (Triton)", load=lambda: _chunk_rwkv7(),
+                     install_cuda=FLA_INSTALL_CUDA, install_cpu=FLA_INSTALL_CPU)
+
+
+def chunk_rwkv7(r_BLHK: torch.Tensor, g_BLHK: torch.Tensor, k_BLHK: torch.Tensor, v_BLHV: torch.Tensor,
+                a_BLHK: torch.Tensor, b_BLHK: torch.Tensor, *, initial_state_BHKV: torch.Tensor,
+                fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunk_rwkv7 with the state in and out; the final state comes back float32.
+
+    `fn` replaces fla's kernel (a test may pass the same function imported under Triton's CPU interpreter)."""
+    return run_chunked(fn or _chunk_rwkv7()[0], r_BLHK, g_BLHK.float(), k_BLHK, v_BLHV, a_BLHK, b_BLHK, scale=1.0,
+                       initial_state_BHKV=initial_state_BHKV, safe_gate=True, lower_bound=LOG_DECAY_FLOOR,
+                       chunk_size=64)
+
+
+__all__ = ["KERNELS", "chunk_rwkv7"]

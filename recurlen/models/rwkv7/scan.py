@@ -1,0 +1,114 @@
+"""RWKV-7's WKV recurrence (the generalised delta rule with vector decay) in pure PyTorch: chunked (the CPU path and
+the oracle) and per token.
+
+Per head, for t = 0..L-1 (S_-1 = initial state, S: (K, V) key-major), with a per-key-channel decay
+w_t = exp(g_t) in (0, 1) and two key-sized vectors a_t, b_t:
+    S_t = (diag(w_t) + b_t a_t^T) S_t-1 + k_t v_t^T          the transition matrix is diagonal plus rank one
+    o_t = S_t^T r_t                                           the output reads the state *after* the update
+RWKV-7 sets a = -kappa, b = kappa * alpha (kappa the L2-normalised removal key, alpha the in-context learning rate
+in (0, 1)): the value the state holds at kappa is partly removed before k_t v_t^T is written (the paper's
+wkv_t = wkv_t-1 (diag(w_t) - kappa^T (alpha * kappa)) + v^T k, transposed). fla's chunk_rwkv7 takes the same a, b.
+
+In a chunk entering with S_0, with c_t = g_0 + ... + g_t (inclusive, from the chunk's start), e_t = c_t - g_t
+(exclusive) and u_t = S_t-1^T a_t (what the rank-one part reads), unrolling gives
+    S_t = exp(c_t) S_0 + sum_{s<=t} exp(c_t - c_s) (k_s v_s^T + b_s u_s^T)                  (exp(.) per key channel)
+    u_t = (a_t exp(e_t))^T S_0 + sum_{s<t} [a_t exp(e_t - c_s) . k_s] v_s + [a_t exp(e_t - c_s) . b_s] u_s
+    o_t = (r_t exp(c_t))^T S_0 + sum_{s<=t} [r_t exp(c_t - c_s) . k_s] v_s + [r_t exp(c_t - c_s) . b_s] u_s
+so (I - P_ab) u = P_ak v + (a exp(e)) S_0 with P strictly lower triangular: one unit-triangular solve per chunk
+gives u = U + W S_0 (the WY form, as for Gated DeltaNet, with key vectors a, b where the delta rule has k);
+only W S_0 crosses chunks.
+
+Why the pair weights are safe as matmuls: a pair's factor exp(x_t - c_s) differs per key channel, so it cannot be
+pulled out of the dot product whole; it is split as exp(x_t - m) exp(m - c_s) around the chunk's midpoint m, each
+side folded into its own vector. RWKV-7's decay is bounded, g = -exp(-1/2) sigmoid(.) >= -0.607 per token, so in a
+chunk of l positions every exponent lies within +-0.607 (l/2 + 1): at most e^+-20.1 for l = 64, far inside
+float32's range (e^+-88), and each factor keeps its relative precision, so the products are as exact as the
+per-pair exponentials (which would cost an (l x l x K) tensor per chunk; RWKV-6's decays are unbounded and need
+them). The config caps chunk_size at 64 (recurlen.models.rwkv7.config.MAX_CHUNK). The terms that touch S_0 and
+the state carried to the next chunk use exp(c_t), exp(e_t), exp(c_last - c_s) <= 1 directly.
+
+Legend: B batch, L length, H heads, K head key dim, V head value dim, c chunks, l chunk positions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from recurlen.models.layers import up
+
+LOG_DECAY_FLOOR = -0.6065306597126334
+"""RWKV-7's smallest log decay per token, -exp(-1/2) (BlinkDL: w = exp(-0.606531 sigmoid(.)))."""
+
+
+def wkv7_chunked(
+    r_BLHK: torch.Tensor,
+    g_BLHK: torch.Tensor,
+    k_BLHK: torch.Tensor,
+    v_BLHV: torch.Tensor,
+    a_BLHK: torch.Tensor,
+    b_BLHK: torch.Tensor,
+    *,
+    chunk_size: int,
+    initial_state_BHKV: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked WKV-7; g are log decays in [LOG_DECAY_FLOOR, 0]. Returns o (B, L, H, V) and the final state
+    (B, H, K, V)."""
+    batch, length, nheads, dk = r_BLHK.shape
+    dv = v_BLHV.shape[-1]
+    # float32 inside (float64 stays float64): the decays are products of many numbers in (0, 1).
+    r, g, k, v, a, b = (up(t).transpose(1, 2) for t in (r_BLHK, g_BLHK, k_BLHK, v_BLHV, a_BLHK, b_BLHK))
+    l = max(1, min(chunk_size, length))
+    # Pad the end: padded steps have g = 0 (decay 1) and r = k = v = a = b = 0, so they leave the state alone.
+    pad = (-length) % l
+    if pad:
+        r, g, k, v, a, b = (F.pad(t, (0, 0, 0, pad)) for t in (r, g, k, v, a, b))
+    c = (length + pad) // l
+    r, g, k, v, a, b = (t.reshape(batch, nheads, c, l, t.shape[-1]) for t in (r, g, k, v, a, b))
+
+    cum = g.cumsum(dim=-2)  # (B, H, c, l, K) inclusive log decay from the chunk's start
+    exc = cum - g  # exclusive: what the state entering position t has decayed by
+    mid = cum[..., l // 2:l // 2 + 1, :]  # the reference both sides of a pair are rescaled to
+    r_mid, a_mid = r * torch.exp(cum - mid), a * torch.exp(exc - mid)
+    k_mid, b_mid = k * torch.exp(mid - cum), b * torch.exp(mid - cum)
+    upto = torch.ones(l, l, dtype=r.dtype, device=r.device).tril()  # s <= t
+    before = upto.tril(-1)  # s < t
+    P_rk = (r_mid @ k_mid.transpose(-1, -2)) * upto  # (B, H, c, l, l)
+    P_rb = (r_mid @ b_mid.transpose(-1, -2)) * upto
+    P_ak = (a_mid @ k_mid.transpose(-1, -2)) * before
+    P_ab = (a_mid @ b_mid.transpose(-1, -2)) * before
+
+    # u = U + W S_0, from (I - P_ab) u = P_ak v + (a exp(e)) S_0.
+    eye = torch.eye(l, dtype=r.dtype, device=r.device)
+    rhs = torch.cat([P_ak @ v, a * torch.exp(exc)], dim=-1)
+    uw = torch.linalg.solve_triangular(eye - P_ab, rhs, upper=False, unitriangular=True)
+    U, W = uw.split([dv, dk], dim=-1)  # (B, H, c, l, V), (B, H, c, l, K)
+
+    o_kv = P_rk @ v  # the chunk's own keys and values, read by its queries
+    r_in = r * torch.exp(cum)  # queries reading the state that entered the chunk
+    last = cum[..., -1:, :]
+    kv_out = (k * torch.exp(last - cum)).transpose(-1, -2) @ v  # (B, H, c, K, V) written keys at the chunk's end
+    b_out = b * torch.exp(last - cum)
+    decay_chunk = torch.exp(last).transpose(-1, -2)  # (B, H, c, K, 1)
+    state = r.new_zeros(batch, nheads, dk, dv) if initial_state_BHKV is None else initial_state_BHKV.to(r.dtype)
+    outs = []
+    for i in range(c):
+        u = U[:, :, i] + W[:, :, i] @ state
+        outs.append(r_in[:, :, i] @ state + o_kv[:, :, i] + P_rb[:, :, i] @ u)
+        state = decay_chunk[:, :, i] * state + kv_out[:, :, i] + b_out[:, :, i].transpose(-1, -2) @ u
+    o = torch.stack(outs, dim=2).reshape(batch, nheads, c * l, dv)[:, :, :length]
+    return o.transpose(1, 2), state
+
+
+def wkv7_step(r_BHK: torch.Tensor, g_BHK: torch.Tensor, k_BHK: torch.Tensor, v_BHV: torch.Tensor,
+              a_BHK: torch.Tensor, b_BHK: torch.Tensor, *,
+              state_BHKV: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the recurrence (generation)."""
+    dtype = state_BHKV.dtype
+    r, g, k, v, a, b = (t.to(dtype) for t in (r_BHK, g_BHK, k_BHK, v_BHV, a_BHK, b_BHK))
+    read_BH1V = a.unsqueeze(-2) @ state_BHKV
+    state = torch.exp(g).unsqueeze(-1) * state_BHKV + b.unsqueeze(-1) * read_BH1V + k.unsqueeze(-1) * v.unsqueeze(-2)
+    return (r.unsqueeze(-2) @ state).squeeze(-2), state
+
+
+__all__ = ["LOG_DECAY_FLOOR", "wkv7_chunked", "wkv7_step"]
