@@ -13,6 +13,8 @@ import logging
 
 import torch
 
+from recurlen.models.resets import document_age
+
 log = logging.getLogger(__name__)
 
 
@@ -49,13 +51,37 @@ class _ShiftConv(torch.autograd.Function):
 
 
 def causal_conv(x_BLC: torch.Tensor, weight_CK: torch.Tensor, bias_C: torch.Tensor | None,
-                conv_state_BCW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv continuing from the last W inputs (carrying the window is a concat)."""
+                conv_state_BCW: torch.Tensor, *,
+                resets_BL: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv continuing from the last W inputs (carrying the window is a concat). With `resets_BL`
+    (True where a document starts, recurlen.models.resets) no tap reads an input of an earlier document, and the
+    window handed on holds the last document's inputs only."""
     width = weight_CK.shape[1]
     x_pad_BLC = torch.cat([conv_state_BCW.transpose(1, 2).to(x_BLC.dtype), x_BLC], dim=1)
+    if resets_BL is not None:
+        return _reset_conv(x_pad_BLC, weight_CK, bias_C, resets_BL)
     # weight_CK[:, k] is a strided column: contiguous taps make every multiply ~2x faster.
     out_BLC = _ShiftConv.apply(x_pad_BLC, weight_CK.t().contiguous(), bias_C)
     return out_BLC, x_pad_BLC[:, -(width - 1):].transpose(1, 2)
+
+
+def _reset_conv(x_pad_BLC: torch.Tensor, weight_CK: torch.Tensor, bias_C: torch.Tensor | None,
+                resets_BL: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv with tap k (reading W - k positions back) masked where the position's document is younger than
+    that: as if each document started from a zero window. Plain autograd: d_conv masked multiply-adds."""
+    width = weight_CK.shape[1]
+    w = width - 1
+    length = x_pad_BLC.shape[1] - w
+    age_BL1 = document_age(resets_BL, w).unsqueeze(-1)
+    weight_KC = weight_CK.t()
+    out_BLC = x_pad_BLC[:, w:] * weight_KC[w]
+    for k in range(w):
+        out_BLC = out_BLC + x_pad_BLC[:, k:k + length] * (age_BL1 >= w - k).to(x_pad_BLC.dtype) * weight_KC[k]
+    if bias_C is not None:
+        out_BLC = out_BLC + bias_C
+    # Window entry i is the input W - 1 - i positions before the last: kept where the last document reaches it.
+    keep_BW1 = age_BL1[:, -1:] >= torch.arange(w - 1, -1, -1, device=age_BL1.device).view(1, w, 1)
+    return out_BLC, (x_pad_BLC[:, -w:] * keep_BW1.to(x_pad_BLC.dtype)).transpose(1, 2)
 
 
 @functools.lru_cache(maxsize=1)

@@ -80,9 +80,11 @@ class ResidualBlock(nn.Module):
         residual = hidden if residual is None else hidden + residual
         return up(residual) if self.residual_in_fp32 else residual
 
-    def forward(self, carry, parts: tuple[torch.Tensor, ...], *, use_kernels: bool):
+    def forward(self, carry, parts: tuple[torch.Tensor, ...], *, use_kernels: bool,
+                resets: torch.Tensor | None = None):
         residual = self.close(*carry)
-        hidden, *parts = self.mixer(self.norm(residual), *parts, use_kernels=use_kernels)
+        extra = {} if resets is None else {"resets": resets}  # documents packed in the row (recurlen.models.resets)
+        hidden, *parts = self.mixer(self.norm(residual), *parts, use_kernels=use_kernels, **extra)
         return (hidden, residual), tuple(parts)
 
     def step(self, carry, parts: tuple[torch.Tensor, ...]):

@@ -1,6 +1,7 @@
 """The LM shell, written once for every architecture:
 
     logits, state = model(ids_BL, state)            # state in (None = zeros), final state out
+    logits, state = model(ids_BL, state, resets=r)  # documents packed in a row: r (B, L) bool, True where one starts
     hidden, state = model.forward_hidden(ids_BL, state);  logits = model.logits_from_hidden(hidden)
     logits_BV, state = model.step(ids_B, state)     # one token, for generation
     model.zero_state(batch)                         # the architecture's LayeredState
@@ -20,7 +21,10 @@ under their official names in `__init__` (so checkpoints load without renaming),
     start(hidden) / finish(carry)   what flows between blocks (default: the hidden states) and the final norm
 
 A block is called as `carry, parts = block(carry, parts, use_kernels=...)` and `block.step(carry, parts)`, where
-`parts` is that layer's state as a tuple in the state type's field order.
+`parts` is that layer's state as a tuple in the state type's field order. An architecture that sets
+`supports_resets = True` also takes `resets=` (a (batch, length) bool, recurlen.models.resets): at a flagged position
+its scan zeroes every part of the carried state, so the position sees what a fresh sequence's first token sees; the
+block is given `resets=` only when a caller passes one.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 from recurlen.models import official, transformers_format
 from recurlen.models.backends import KernelPath, check_backend
 from recurlen.models.official import OfficialFormat
+from recurlen.models.resets import check_resets
 from recurlen.models.state import LayeredState
 from recurlen.models.transformers_format import TransformersFormat
 from recurlen.models.weights_file import WeightsFileFormat
@@ -78,6 +83,8 @@ class StatefulLM(nn.Module):
     official: ClassVar[OfficialFormat]
     transformers: ClassVar[TransformersFormat | None] = None
     weights_file: ClassVar[WeightsFileFormat | None] = None
+    supports_resets: ClassVar[bool] = False
+    """True where the blocks take `resets=` (documents packed in one row, the state reset where each starts)."""
 
     def __init__(self, config: Any, *, backend: str = "auto") -> None:
         super().__init__()
@@ -147,19 +154,27 @@ class StatefulLM(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward_hidden(self, input_ids_BL: torch.Tensor, state: LayeredState | None = None, *,
-                       backend: str | None = None) -> tuple[torch.Tensor, LayeredState]:
-        """Final hidden states (after the last norm) and the final recurrent state."""
+                       backend: str | None = None,
+                       resets: torch.Tensor | None = None) -> tuple[torch.Tensor, LayeredState]:
+        """Final hidden states (after the last norm) and the final recurrent state (with `resets`: the state of
+        each row's last document)."""
         self._check_ids(input_ids_BL, 2)
         batch, length = input_ids_BL.shape
         if length == 0:
             raise ValueError("input_ids has length 0; need at least one token")
         device = input_ids_BL.device
         state = self._check_state(state, batch, device)
+        resets = check_resets(resets, input_ids_BL)
+        if resets is not None and not self.supports_resets:
+            raise UserError(f"{type(self).__name__} cannot reset its state inside a row, so it cannot train on "
+                            "documents packed into rows; use data.layout=documents")
+        # Only a caller's resets reach the blocks: an architecture without them keeps its signature.
+        extra = {} if resets is None else {"resets": resets}
         use_kernels = self._use_kernels(device, backend)
         carry = self.start(self.embedding(input_ids_BL))
         finals = []
         for i, block in enumerate(self.layers):
-            carry, parts = block(carry, state.layer(i), use_kernels=use_kernels)
+            carry, parts = block(carry, state.layer(i), use_kernels=use_kernels, **extra)
             finals.append(parts)
         return self.finish(carry), self.state_cls.from_layers(finals)
 
@@ -174,10 +189,10 @@ class StatefulLM(nn.Module):
             return _HeadRows.apply(hidden, weight, rows)
         return F.linear(hidden, weight[:rows])
 
-    def forward(self, input_ids: torch.Tensor, state: LayeredState | None = None, *,
-                backend: str | None = None) -> tuple[torch.Tensor, LayeredState]:
-        """(batch, length) token ids [+ initial state] -> logits (batch, length, vocab), final state."""
-        hidden, state = self.forward_hidden(input_ids, state, backend=backend)
+    def forward(self, input_ids: torch.Tensor, state: LayeredState | None = None, *, backend: str | None = None,
+                resets: torch.Tensor | None = None) -> tuple[torch.Tensor, LayeredState]:
+        """(batch, length) token ids [+ initial state] [+ resets] -> logits (batch, length, vocab), final state."""
+        hidden, state = self.forward_hidden(input_ids, state, backend=backend, resets=resets)
         return self.logits_from_hidden(hidden), state
 
     @torch.no_grad()

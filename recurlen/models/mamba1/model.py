@@ -20,6 +20,9 @@ Legend: B batch, L length, D d_model, I d_inner, N d_state, R dt_rank, W = d_con
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -33,6 +36,14 @@ from recurlen.models.mamba1.scan import selective_scan_chunked, selective_scan_s
 from recurlen.models.mamba1.state import Mamba1State
 from recurlen.models.mamba1.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _warn_packed_on_torch_scan() -> None:
+    log.warning("Mamba-1 with documents packed in a row: mamba-ssm's selective_scan_fn cannot reset the state inside "
+                "a row, so these rows run the PyTorch scan (exact, slower); data.layout=documents keeps the kernel")
 
 
 class Mamba1Mixer(nn.Module):
@@ -75,13 +86,19 @@ class Mamba1Mixer(nn.Module):
         return F.softplus(up(self.dt_proj(dt_BLR))), B_BLN, C_BLN
 
     def forward(self, u_BLD: torch.Tensor, ssm_state_BIN: torch.Tensor, conv_state_BIW: torch.Tensor, *,
-                use_kernels: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                use_kernels: bool,
+                resets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
+        if use_kernels and resets is not None:
+            # selective_scan_fn has no reset: packed rows take the PyTorch scan (and conv), exact but slower.
+            _warn_packed_on_torch_scan()
+            use_kernels = False
         x_BLI, z_BLI = self.in_proj(u_BLD).chunk(2, dim=-1)
         conv_weight_IK = self.conv1d.weight.squeeze(1)
         conv_out = causal_conv_kernel(x_BLI, conv_weight_IK, self.conv1d.bias, conv_state_BIW) if use_kernels else None
         if conv_out is None:
-            x_BLI, conv_state_BIW = causal_conv(x_BLI, conv_weight_IK, self.conv1d.bias, conv_state_BIW)
+            x_BLI, conv_state_BIW = causal_conv(x_BLI, conv_weight_IK, self.conv1d.bias, conv_state_BIW,
+                                                resets_BL=resets)
             x_BLI = F.silu(x_BLI)
         else:
             x_BLI, conv_state_BIW = conv_out
@@ -94,7 +111,7 @@ class Mamba1Mixer(nn.Module):
         else:
             dt_BLI, B_BLN, C_BLN = self._ssm_inputs(x_BLI)
             y_BLI, ssm_state_BIN = selective_scan_chunked(x_BLI, dt_BLI, A_IN, B_BLN, C_BLN, chunk_size=cfg.chunk_size,
-                                                          initial_state_BDN=ssm_state_BIN)
+                                                          initial_state_BDN=ssm_state_BIN, resets_BL=resets)
             y_BLI = torch.addcmul(y_BLI, up(x_BLI), up(self.D))
         y_BLI = (y_BLI * F.silu(up(z_BLI))).to(u_BLD.dtype)
         return self.out_proj(y_BLI), ssm_state_BIN, up(conv_state_BIW)
@@ -126,6 +143,7 @@ class Mamba1LM(MixerModelLM):
     kernels = KERNELS
     mixer_cls = Mamba1Mixer
     transformers = TRANSFORMERS_FORMAT
+    supports_resets = True
 
 
 __all__ = ["Mamba1LM", "Mamba1Mixer"]

@@ -24,9 +24,12 @@ import torch
 from recurlen.models.layers import up
 
 
-def _chunk_inputs(x_lBD, dt_lBD, A_DN, B_lBN):
-    """Per step decay exp(dt A) and input dt x B, both (l, B, D, N), contiguous per step."""
+def _chunk_inputs(x_lBD, dt_lBD, A_DN, B_lBN, keep_lB=None):
+    """Per step decay exp(dt A) and input dt x B, both (l, B, D, N), contiguous per step. keep_lB: 0 where a
+    document starts (the decay of the state before it is cut to zero: h_t = dt x B there)."""
     dA = torch.exp(dt_lBD.unsqueeze(-1) * A_DN)
+    if keep_lB is not None:
+        dA = dA * keep_lB[..., None, None]
     u = (dt_lBD * x_lBD).unsqueeze(-1) * B_lBN.unsqueeze(2)
     return dA, u
 
@@ -42,9 +45,11 @@ def _run_states(dA_lBDN: torch.Tensor, u_lBDN: torch.Tensor, h_BDN: torch.Tensor
 
 class _SelectiveScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_BLD, dt_BLD, A_DN, B_BLN, C_BLN, h0_BDN, chunk_size: int):
+    def forward(ctx, x_BLD, dt_BLD, A_DN, B_BLN, C_BLN, h0_BDN, chunk_size: int, resets_BL=None):
         dtype = torch.promote_types(x_BLD.dtype, torch.float32)
         x, dt, B, C = (t.to(dtype).transpose(0, 1).contiguous() for t in (x_BLD, dt_BLD, B_BLN, C_BLN))
+        keep = None if resets_BL is None else (~resets_BL).to(dtype).t().contiguous()  # (L, B)
+        ctx.keep = keep
         A, h = A_DN.to(dtype), h0_BDN.to(dtype)
         length = x.shape[0]
         y_LBD = x.new_empty(x.shape)
@@ -52,7 +57,7 @@ class _SelectiveScan(torch.autograd.Function):
         for a in range(0, length, chunk_size):
             b = min(a + chunk_size, length)
             starts.append(h)
-            dA, u = _chunk_inputs(x[a:b], dt[a:b], A, B[a:b])
+            dA, u = _chunk_inputs(x[a:b], dt[a:b], A, B[a:b], None if keep is None else keep[a:b])
             hs = _run_states(dA, u, h)
             torch.matmul(hs, C[a:b].unsqueeze(-1), out=y_LBD[a:b].unsqueeze(-1))
             h = hs[-1].clone()
@@ -74,7 +79,7 @@ class _SelectiveScan(torch.autograd.Function):
         for k in reversed(range(len(bounds))):
             a, b = bounds[k]
             h_start = starts[k]
-            dA, u = _chunk_inputs(x[a:b], dt[a:b], A, B[a:b])
+            dA, u = _chunk_inputs(x[a:b], dt[a:b], A, B[a:b], None if ctx.keep is None else ctx.keep[a:b])
             hs = _run_states(dA, u, h_start)
             # y_t = h_t . C_t  ->  dC_t = sum_d gy_t[d] h_t[d, :]
             gC[a:b] = (gy[a:b].unsqueeze(-2) @ hs).squeeze(-2)
@@ -98,7 +103,7 @@ class _SelectiveScan(torch.autograd.Function):
         dts = ctx.in_dtypes
         grads = [g.transpose(0, 1).to(d) for g, d in zip((gx, gdt), dts[:2])]
         return (*grads, gA.to(dts[2]), gB.transpose(0, 1).to(dts[3]), gC.transpose(0, 1).to(dts[4]),
-                carry.to(dts[5]), None)
+                carry.to(dts[5]), None, None)
 
 
 def selective_scan_chunked(
@@ -110,12 +115,14 @@ def selective_scan_chunked(
     *,
     chunk_size: int,
     initial_state_BDN: torch.Tensor | None = None,
+    resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """y (B, L, D) and the final state (B, D, N), in float32 (float64 inputs stay float64)."""
+    """y (B, L, D) and the final state (B, D, N), in float32 (float64 inputs stay float64). With `resets_BL` (True
+    where a document starts) the state is zero before each flagged position."""
     batch, _, d_inner = x_BLD.shape
     if initial_state_BDN is None:
         initial_state_BDN = x_BLD.new_zeros(batch, d_inner, A_DN.shape[1], dtype=up(x_BLD).dtype)
-    return _SelectiveScan.apply(x_BLD, dt_BLD, A_DN, B_BLN, C_BLN, initial_state_BDN, max(1, chunk_size))
+    return _SelectiveScan.apply(x_BLD, dt_BLD, A_DN, B_BLN, C_BLN, initial_state_BDN, max(1, chunk_size), resets_BL)
 
 
 def selective_scan_step(x_BD: torch.Tensor, dt_BD: torch.Tensor, A_DN: torch.Tensor, B_BN: torch.Tensor,

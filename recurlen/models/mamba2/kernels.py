@@ -63,12 +63,15 @@ def ssd_kernel(
     dt_bias_H: torch.Tensor,
     dt_limit: tuple[float, float],
     initial_state_BHPN: torch.Tensor,
+    seq_idx_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SSD with the D skip; dt is raw (softplus(dt + dt_bias) happens inside the kernel)."""
+    """SSD with the D skip; dt is raw (softplus(dt + dt_bias) happens inside the kernel). `seq_idx_BL`: the document
+    index of each position (recurlen.models.resets.seq_idx; the initial state belongs to document 0): the kernel
+    resets the state where it changes."""
     (scan, _), _ = _mamba_kernels()
     y, final = scan(
         x_BLHP, dt_raw_BLH, A_H, B_BLGN, C_BLGN, chunk_size,
-        D=D_H, z=None, dt_bias=dt_bias_H, initial_states=initial_state_BHPN,
+        D=D_H, z=None, dt_bias=dt_bias_H, initial_states=initial_state_BHPN, seq_idx=seq_idx_BL,
         dt_softplus=True, dt_limit=dt_limit, return_final_states=True,
     )
     return y, final.float()

@@ -32,6 +32,7 @@ from recurlen.models.mamba2.scan import ssd_chunked, ssd_step
 from recurlen.models.mamba2.state import RecurrentState
 from recurlen.models.mamba2.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
+from recurlen.models.resets import seq_idx
 
 # The scan's result does not depend on the chunk length, only its cost does: inside a chunk the work is
 # (chunk x chunk) elementwise passes per head, which are memory-bound on a CPU. At the official shapes
@@ -77,16 +78,19 @@ class Mamba2Mixer(nn.Module):
         return torch.split(xBC, [cfg.d_inner, gn, gn], dim=-1)
 
     def forward(self, u_BLD: torch.Tensor, ssm_state_BHPN: torch.Tensor, conv_state_BCW: torch.Tensor, *,
-                use_kernels: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                use_kernels: bool,
+                resets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         batch, length, _ = u_BLD.shape
         z_BLI, xBC_BLC, dt_BLH = self._split(self.in_proj(u_BLD))
         conv_weight_CK = self.conv1d.weight.squeeze(1)
 
+        # causal-conv1d takes a seq_idx only without initial states: packed rows take the PyTorch conv.
         conv_out = causal_conv_kernel(xBC_BLC, conv_weight_CK, self.conv1d.bias, conv_state_BCW) \
-            if use_kernels else None
+            if use_kernels and resets is None else None
         if conv_out is None:
-            xBC_BLC, conv_state_BCW = causal_conv(xBC_BLC, conv_weight_CK, self.conv1d.bias, conv_state_BCW)
+            xBC_BLC, conv_state_BCW = causal_conv(xBC_BLC, conv_weight_CK, self.conv1d.bias, conv_state_BCW,
+                                                  resets_BL=resets)
             xBC_BLC = F.silu(xBC_BLC)
         else:
             xBC_BLC, conv_state_BCW = conv_out
@@ -99,7 +103,8 @@ class Mamba2Mixer(nn.Module):
         if use_kernels:
             y_BLHP, ssm_state_BHPN = kernels.ssd_kernel(
                 x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN, chunk_size=cfg.chunk_size, D_H=self.D,
-                dt_bias_H=self.dt_bias, dt_limit=cfg.dt_limit, initial_state_BHPN=ssm_state_BHPN)
+                dt_bias_H=self.dt_bias, dt_limit=cfg.dt_limit, initial_state_BHPN=ssm_state_BHPN,
+                seq_idx_BL=None if resets is None else seq_idx(resets))
             y_BLI = y_BLHP.flatten(-2)
             y_BLI = kernels.gated_rmsnorm_kernel(y_BLI, z_BLI, self.norm.weight, eps=cfg.norm_eps,
                                                  group_size=cfg.d_inner // cfg.ngroups)
@@ -107,7 +112,7 @@ class Mamba2Mixer(nn.Module):
             dt_BLH = self._dt(dt_BLH)
             y_BLHP, ssm_state_BHPN = ssd_chunked(x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN,
                                                  chunk_size=torch_chunk_size(cfg.chunk_size, x_BLHP.device),
-                                                 initial_state_BHPN=ssm_state_BHPN)
+                                                 initial_state_BHPN=ssm_state_BHPN, resets_BL=resets)
             y_BLHP = torch.addcmul(y_BLHP, up(x_BLHP), up(self.D)[:, None])
             y_BLI = self.norm(y_BLHP.flatten(-2).to(u_BLD.dtype), z_BLI)
         return self.out_proj(y_BLI), ssm_state_BHPN, up(conv_state_BCW)
@@ -151,6 +156,7 @@ class Mamba2LM(MixerModelLM):
     kernels = KERNELS
     mixer_cls = Mamba2Mixer
     transformers = TRANSFORMERS_FORMAT
+    supports_resets = True
 
 
 __all__ = ["Mamba2LM", "Mamba2Mixer"]

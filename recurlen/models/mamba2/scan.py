@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from recurlen.models.layers import up
+from recurlen.models.resets import chunk_counts, same_document
 
 
 def _heads_from_groups(t_BLGN: torch.Tensor, nheads: int) -> torch.Tensor:
@@ -142,11 +143,14 @@ def ssd_chunked(
     *,
     chunk_size: int,
     initial_state_BHPN: torch.Tensor | None = None,
+    resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked SSD. dt is already positive (after softplus). Returns y and the final state in float32.
 
     C.B^T is formed once per group and shared by the group's heads (one group in the official
     models: H times less work than per head, and no H-fold copies of B and C); only decays are per head.
+    With `resets_BL` (True where a document starts) h is zero before each flagged position: every decay across a
+    flag is cut, inside the chunks (pairs of one document only) and between them (recurlen.models.resets).
     """
     batch, length, nheads, headdim = x_BLHP.shape
     ngroups, d_state = B_BLGN.shape[-2:]
@@ -170,8 +174,13 @@ def ssd_chunked(
     Adt_BcHl = (dt * A).view(batch, c, l, nheads).transpose(2, 3)
     Acum_BcHl = Adt_BcHl.cumsum(dim=-1)
 
+    # Flags so far in each chunk: pairs of one document agree; 0 where the entering state is still read.
+    counts_Bcl = None if resets_BL is None else chunk_counts(resets_BL, pad, chunk_size)
+
     # 1. Within chunks: y_l = sum_{s<=l} (C_l . B_s) exp(sum_{s<k<=l} A dt_k) dt_s x_s.
     CB_BcGls = C_BcGln @ B_BcGln.transpose(-1, -2)
+    if counts_Bcl is not None:
+        CB_BcGls = CB_BcGls * same_document(counts_Bcl, CB_BcGls.dtype).unsqueeze(2)
     decay_BcGrls = _ChunkDecay.apply(Adt_BcHl).unflatten(2, (ngroups, r))
     scores_BcHls = (CB_BcGls.unsqueeze(3) * decay_BcGrls).flatten(2, 3)
     y_diag_BcHlP = scores_BcHls @ X_BclHP.transpose(2, 3)
@@ -179,11 +188,15 @@ def ssd_chunked(
     # 2. State contributed by each chunk alone, decayed to the chunk's end. The per-head decay goes
     # into x, so the r * headdim rows of a group meet the group's B in one matmul.
     decay_to_end_BclH = torch.exp(Acum_BcHl[..., -1:] - Acum_BcHl).transpose(2, 3)
+    if counts_Bcl is not None:  # only the chunk's last document reaches its end
+        decay_to_end_BclH = decay_to_end_BclH * (counts_Bcl == counts_Bcl[..., -1:]).to(x.dtype).unsqueeze(-1)
     Xd_BclGR = (X_BclHP * decay_to_end_BclH.unsqueeze(-1)).view(batch, c, l, ngroups, r * headdim)
     chunk_states_BcHPN = (Xd_BclGR.permute(0, 1, 3, 4, 2) @ B_BcGln).view(batch, c, nheads, headdim, d_state)
 
     # 3. Pass the state across chunks sequentially: linear in the number of chunks.
     chunk_decay_BcH = torch.exp(Acum_BcHl[..., -1])
+    if counts_Bcl is not None:  # a flag inside a chunk ends the state that entered it
+        chunk_decay_BcH = chunk_decay_BcH * (counts_Bcl[..., -1:] == 0).to(x.dtype)
     # The initial state enters in x's dtype (bf16 under autocast), as the chunk states do; the pass promotes.
     initial_BHPN = None if initial_state_BHPN is None else initial_state_BHPN.to(x.dtype)
     states_in_BcHPN, state = _StatePass.apply(chunk_decay_BcH, chunk_states_BcHPN, initial_BHPN)
@@ -191,7 +204,10 @@ def ssd_chunked(
 
     # 4. Contribution of the state entering each chunk to the chunk's outputs (C per group again).
     y_off_BclHP = (C_BcGln @ states_in_BcGRN.transpose(-1, -2)).transpose(2, 3).reshape(X_BclHP.shape)
-    y_off_BclHP = y_off_BclHP * torch.exp(Acum_BcHl).transpose(2, 3).unsqueeze(-1)
+    decay_in_BclH = torch.exp(Acum_BcHl).transpose(2, 3)
+    if counts_Bcl is not None:
+        decay_in_BclH = decay_in_BclH * (counts_Bcl == 0).to(x.dtype).unsqueeze(-1)
+    y_off_BclHP = y_off_BclHP * decay_in_BclH.unsqueeze(-1)
 
     y_BLHP = (y_off_BclHP + y_diag_BcHlP.transpose(2, 3)).reshape(batch, c * l, nheads, headdim)[:, :length]
     return y_BLHP, state
