@@ -132,6 +132,9 @@ babilong: $(STAMP) ## BABILong accuracy by context length (experiments/babilong.
 copying: $(STAMP) ## synthetic copying beyond the training length (experiments/copying.yaml) [ARGS=...]
 	$(PY) -m recurlen copying $(ARGS)
 
+niah: $(STAMP) ## needle in a haystack, RULER's family: depth x length heatmaps (experiments/niah.yaml) [ARGS=...]
+	$(PY) -m recurlen niah $(ARGS)
+
 tensorboard: $(STAMP) ## TensorBoard over every run under runs/
 	$(VENV)/bin/tensorboard --logdir runs
 
@@ -151,4 +154,4 @@ bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their tra
 	$(PY) benchmarks/bench_gpu.py $(ARGS)
 	$(PY) benchmarks/bench_gpu_arch.py
 
-.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval export passkey babilong copying tensorboard generate bench bench-gpu
+.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval export passkey babilong copying niah tensorboard generate bench bench-gpu

@@ -53,10 +53,10 @@ def _out(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
-# ---- experiments: finetune, config, fit-noise, passkey, babilong, copying -------------------------------------
+# ---- experiments: finetune, config, fit-noise, passkey, babilong, copying, niah ---------------------------------
 
 
-TASK_COMMANDS = ("passkey", "babilong", "copying")
+TASK_COMMANDS = ("passkey", "babilong", "copying", "niah")
 
 
 def _schema(command: str):
@@ -208,7 +208,7 @@ def _eval_inputs(w: Words):
             elif key.startswith("data."):
                 check_dotlist([word[len("data."):]], DataConfig, what="data setting")
                 data_overrides.append(word)
-            elif "=" in word and key in names:
+            elif "=" in word and key.split(".", 1)[0] in names:  # fix.NAME.KEY=VALUE: a fix's setting
                 settings.append(word)
             else:
                 checkpoints.append(word)
@@ -445,6 +445,8 @@ COMMANDS: dict[str, Command] = {
                         _experiment_help("babilong", "babilong")),
     "copying": Command(_task("copying"), "synthetic copying: copy a string after training on shorter ones",
                        _experiment_help("copying", "copying")),
+    "niah": Command(_task("niah"), "needle in a haystack (RULER's family): values hidden at depths of long prompts",
+                    _experiment_help("niah", "niah")),
 }
 
 

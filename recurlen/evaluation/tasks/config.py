@@ -4,6 +4,7 @@ evaluates the model (`recurlen passkey | babilong | copying` compose them with T
     task.name=passkey    passkey retrieval (Mohtashami & Jaggi, 2023)
     task.name=babilong   BABILong (Kuratov et al., 2024): bAbI facts hidden in long haystack text
     task.name=copying    synthetic copying (Jelassi et al., 2024, "Repeat After Me")
+    task.name=niah       needle in a haystack, RULER's family (Hsieh et al., 2024)
 
 Training examples are `data.seq_len` tokens long (the training context), `data.batch_size` per rank, and are
 tokenized with `data.tokenizer`; this section holds only what is specific to the tasks.
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from recurlen.evaluation.tasks.niah_config import NiahConfig
 from recurlen.training.experiments.schema import ExperimentConfig
 from recurlen.training.run_dir import RUNS_DIR
 
-TASKS = ("passkey", "babilong", "copying")
+TASKS = ("passkey", "babilong", "copying", "niah")
 LOSS_ON = ("answer", "all")
 HAYSTACKS = ("embedded", "filler")
 # The bAbI tasks of the BABILong release; the offline generator writes qa1-qa3.
@@ -182,7 +184,7 @@ class CopyingConfig:
 @dataclass
 class TaskConfig:
     name: str | None = None
-    """passkey / babilong / copying: train on that task's examples and evaluate on it (None: no task)."""
+    """passkey / babilong / copying / niah: train on that task's examples and evaluate on it (None: no task)."""
     train: bool = True
     """Fine-tune (copying: train from scratch) before evaluating; false evaluates model.pretrained as is
     (or the run directory's last checkpoint)."""
@@ -192,7 +194,7 @@ class TaskConfig:
     None: 1, 2, 4, 8, 16 x data.seq_len (copying: 1, 2, 3, 4 x copying.length)."""
     trials: int = 8
     """Examples per evaluation cell: (length, depth) for passkey, (task, length) for babilong,
-    length for copying."""
+    length for copying, (task, length, depth) for niah."""
     eval_batch_size: int = 8
     """Prompts decoded together (only prompts of equal length are batched: no padding enters the state)."""
     chunk_len: int = 2048
@@ -206,6 +208,7 @@ class TaskConfig:
     passkey: PasskeyConfig = field(default_factory=PasskeyConfig)
     babilong: BabilongConfig = field(default_factory=BabilongConfig)
     copying: CopyingConfig = field(default_factory=CopyingConfig)
+    niah: NiahConfig = field(default_factory=NiahConfig)
 
     def __post_init__(self) -> None:
         if self.name is not None and self.name not in TASKS:

@@ -1,4 +1,4 @@
-"""Task DataModules: passkey / BABILong / copying examples with the corpus DataModule's batch contract.
+"""Task DataModules: passkey / BABILong / copying / NIAH examples with the corpus DataModule's batch contract.
 
 Batch (train and validation):
     input_ids   LongTensor (B, T)   T = data.seq_len; one example per row, left-aligned, padded (EOS, or the
@@ -147,6 +147,14 @@ def example_fn(cfg: ExperimentConfig, tokenizer: Tokenizer) -> ExampleFn:
 
         fmt = CopyingFormat(tokenizer, cfg.task.copying)
         return lambda rng: fmt.training_example(rng, seq_len=seq_len)
+    if task == "niah":
+        from recurlen.evaluation.tasks.niah import FillerHaystack, NiahBuilder, TextHaystack
+
+        niah = NiahBuilder(tokenizer, cfg.task.niah)
+        # Held-out text is never trained on: with haystack=heldout the examples hide in embedded text.
+        hay = (FillerHaystack(tokenizer) if cfg.task.niah.haystack == "filler"
+               else TextHaystack("embedded", tokenizer=tokenizer))
+        return lambda rng: niah.training_example(rng, seq_len=seq_len, eos_id=eos, haystack=hay)
     from recurlen.evaluation.tasks.config import TASKS
 
     raise ValueError(f"task.name={task!r} has no training data; allowed: {list(TASKS)}")

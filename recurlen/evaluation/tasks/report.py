@@ -1,4 +1,4 @@
-"""The long-context tasks' section of `recurlen report`: passkey, BABILong and copying results as tables.
+"""The long-context tasks' section of `recurlen report`: passkey, BABILong, copying and NIAH results as tables.
 
 A task result is the results.json that `recurlen passkey|babilong|copying` writes (format
 recurlen.evaluation.tasks.<task>/N). Several results of one task (e.g. fitted_noise vs none, or a fine-tuned run vs
@@ -15,7 +15,7 @@ from pathlib import Path
 from recurlen.evaluation.tasks.common import length_label
 
 TASK_FORMAT_PREFIX = "recurlen.tasks."
-TASK_ORDER = ("passkey", "babilong", "copying")
+TASK_ORDER = ("passkey", "babilong", "copying", "niah")
 
 
 def is_task_result(data: dict) -> bool:
@@ -27,7 +27,8 @@ def check_task_result(data: dict, where: str) -> dict:
     if task not in TASK_ORDER:
         raise ValueError(f"{where}: task result with task={task!r}; known tasks: {list(TASK_ORDER)}")
     needed = {"passkey": ("lengths", "depths", "accuracy"), "babilong": ("lengths", "tasks", "accuracy"),
-              "copying": ("lengths", "summary", "readings")}[task]
+              "copying": ("lengths", "summary", "readings"),
+              "niah": ("lengths", "depths", "tasks", "accuracy", "accuracy_by_length")}[task]
     missing = [k for k in needed if k not in data]
     if missing:
         raise ValueError(f"{where}: {task} result lacks {missing}; is it a complete recurlen {task} results.json?")
@@ -126,7 +127,13 @@ def _copying_lines(results: Sequence[dict]) -> list[str]:
     return lines
 
 
-SECTIONS = {"passkey": _passkey_lines, "babilong": _babilong_lines, "copying": _copying_lines}
+def _niah_lines(results: Sequence[dict]) -> list[str]:
+    from recurlen.evaluation.tasks.niah_eval import niah_lines
+
+    return niah_lines(results, result_label)
+
+
+SECTIONS = {"passkey": _passkey_lines, "babilong": _babilong_lines, "copying": _copying_lines, "niah": _niah_lines}
 
 
 def _copy_figure(data: dict, out: Path, index: int) -> str | None:

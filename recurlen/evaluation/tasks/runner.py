@@ -5,7 +5,7 @@
 
 Output directory (task.output_dir, default <run_dir>/<task>):
     results.json          what a report reads (format "recurlen.tasks.<task>/1"; written atomically)
-    <task>_*.png          the heatmap (passkey, babilong) or accuracy-by-length plot (copying)
+    <task>_*.png          the heatmap (passkey, babilong; niah: one per task) or accuracy-by-length plot (copying)
     tb/                   TensorBoard, a run of its own: the figure, and the accuracies against the evaluated
                           length in the section task/ (tags task/<task>/<metric>_by_<axis>/<series>, the length
                           in the step slot: TensorBoard's x-axis still reads "step", so the tag and a custom
@@ -36,7 +36,8 @@ from recurlen.util.tokenizers import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-PLOT_NAMES = {"passkey": "passkey_heatmap.png", "babilong": "babilong_heatmap.png", "copying": "copying_accuracy.png"}
+PLOT_NAMES = {"passkey": "passkey_heatmap.png", "babilong": "babilong_heatmap.png", "copying": "copying_accuracy.png",
+              "niah": "niah_heatmap.png"}
 
 
 def task_output_dir(cfg: TaskExperimentConfig) -> Path:
@@ -103,7 +104,7 @@ def _header(cfg: TaskExperimentConfig, *, source: str, train_len: int | None, to
             "plots": {"figure": PLOT_NAMES[cfg.task.name]}, "tensorboard": "tb"}
 
 
-AXES = {"passkey": "prompt_tokens", "babilong": "prompt_tokens", "copying": "string_length"}
+AXES = {"passkey": "prompt_tokens", "babilong": "prompt_tokens", "copying": "string_length", "niah": "prompt_tokens"}
 """What the step slot of each task's scalars holds: the prompt's length in tokens, or the copied string's in symbols."""
 
 
@@ -301,7 +302,41 @@ def run_copying(cfg: TaskExperimentConfig) -> Path:
     return _finish(task_output_dir(cfg), results, plot_copying(results), scalars)
 
 
-RUNNERS = {"passkey": run_passkey, "babilong": run_babilong, "copying": run_copying}
+def niah_haystack(cfg: TaskExperimentConfig, tokenizer, source: str, lengths: list[int]):
+    """The haystack the needles hide in; 'heldout' reads the evaluated run's own held-out text (its data config,
+    else the experiment's), one sequence per trial."""
+    from recurlen.evaluation.tasks.niah import FillerHaystack, TextHaystack
+
+    kind = cfg.task.niah.haystack
+    if kind == "filler":
+        return FillerHaystack(tokenizer)
+    if kind == "embedded":
+        return TextHaystack("embedded", tokenizer=tokenizer)
+    from recurlen.evaluation.heldout import heldout_sequences, run_data_config
+
+    data = run_data_config(source) or cfg.data
+    rows = heldout_sequences(data, length=max(lengths), num=cfg.task.trials)
+    return TextHaystack("heldout", rows=rows.tolist())
+
+
+def run_niah(cfg: TaskExperimentConfig) -> Path:
+    from recurlen.evaluation.tasks.niah_eval import evaluate_niah, plot_niah
+
+    source = _train_or_locate(cfg)
+    loaded, tokenizer, tok_spec, device = _load(source, cfg)
+    t, lengths = cfg.task, eval_lengths(cfg)
+    res = evaluate_niah(loaded.model.eval(), tokenizer, t.niah, lengths=lengths, trials=t.trials, seed=t.eval_seed,
+                        batch_size=t.eval_batch_size, chunk_len=t.chunk_len,
+                        haystack=niah_haystack(cfg, tokenizer, source, lengths))
+    results = {**_header(cfg, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
+                         device=device), **res}
+    scalars = {task_tag("niah", "accuracy", task): [(int(n), a) for n, a in res["accuracy_by_length"][task].items()]
+               for task in res["tasks"]}
+    scalars[task_tag("niah", "accuracy", "mean")] = [(int(n), a) for n, a in res["mean_accuracy_by_length"].items()]
+    return _finish(task_output_dir(cfg), results, plot_niah(results), scalars)
+
+
+RUNNERS = {"passkey": run_passkey, "babilong": run_babilong, "copying": run_copying, "niah": run_niah}
 
 
 def run_task(cfg: TaskExperimentConfig) -> Path:
@@ -313,5 +348,5 @@ def run_task(cfg: TaskExperimentConfig) -> Path:
         return RUNNERS[cfg.task.name](cfg)
 
 
-__all__ = ["AXES", "RUNNERS", "babilong_cells", "eval_lengths", "run_babilong", "run_copying", "run_passkey",
-           "run_task", "task_output_dir", "task_tag", "task_tensorboard"]
+__all__ = ["AXES", "RUNNERS", "babilong_cells", "eval_lengths", "niah_haystack", "run_babilong", "run_copying",
+           "run_niah", "run_passkey", "run_task", "task_output_dir", "task_tag", "task_tensorboard"]
