@@ -178,12 +178,17 @@ class StatefulLM(nn.Module):
             finals.append(parts)
         return self.finish(carry), self.state_cls.from_layers(finals)
 
+    @property
+    def head_rows(self) -> int:
+        """The head's rows that are scored: the whole padded head with score_padded_vocab, else vocab_size."""
+        return self.lm_head.weight.shape[0] if self.score_padded_vocab else self.config.vocab_size
+
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         # Rows past vocab_size are padding and never targets. Dropping them from the weight (a contiguous
         # view of its first rows) rather than from the logits keeps the logits contiguous; on CPU
         # _HeadRows also spares the backward a zero-filled copy of the weight's gradient.
         weight = self.lm_head.weight
-        rows = weight.shape[0] if self.score_padded_vocab else self.config.vocab_size
+        rows = self.head_rows
         if (rows < weight.shape[0] and hidden.device.type == "cpu" and hidden.is_contiguous()
                 and hidden.dtype == weight.dtype and not torch.is_autocast_enabled("cpu")):
             return _HeadRows.apply(hidden, weight, rows)
