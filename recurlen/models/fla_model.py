@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from recurlen.models.config import ModelConfig
 from recurlen.models.layers import RMSNorm
 from recurlen.models.lm import StatefulLM
+from recurlen.models.resets import Varlen
 
 C = TypeVar("C", bound="FlaConfig")
 
@@ -147,8 +148,10 @@ class FlaBlock(nn.Module):
         residual = residual + mixed
         return residual + self.mlp(self.mlp_norm(residual))
 
-    def forward(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, ...], *, use_kernels: bool):
-        mixed, *parts = self.attn(self.attn_norm(hidden), *parts, use_kernels=use_kernels)
+    def forward(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, ...], *, use_kernels: bool,
+                resets: torch.Tensor | None = None):
+        extra = {} if resets is None else {"resets": resets}  # documents packed in the row (recurlen.models.resets)
+        mixed, *parts = self.attn(self.attn_norm(hidden), *parts, use_kernels=use_kernels, **extra)
         return self._finish(hidden, mixed), tuple(parts)
 
     def step(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, ...]):
@@ -244,12 +247,20 @@ def layout_kwargs(fn: Callable) -> dict:
 
 
 def run_chunked(fn: Callable, *inputs: torch.Tensor, initial_state_BHKV: torch.Tensor,
-                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                resets_BL: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """One of fla's chunked ops with the state in and out (float32, contiguous in; the final state comes back
-    float32)."""
-    o, final = fn(*inputs, **kwargs, initial_state=initial_state_BHKV.float().contiguous(), output_final_state=True,
-                  **layout_kwargs(fn))
-    return o, final.float()
+    float32). The positional inputs are per token, (B, L, ...); with `resets_BL` (documents packed in the rows,
+    recurlen.models.resets) they go in as one sequence of documents (`cu_seqlens`, fla's varlen form), each row's
+    first document from the row's state, the others from zeros, and each row's last document's state comes back."""
+    if resets_BL is None:
+        o, final = fn(*inputs, **kwargs, initial_state=initial_state_BHKV.float().contiguous(),
+                      output_final_state=True, **layout_kwargs(fn))
+        return o, final.float()
+    varlen = Varlen.of(resets_BL)
+    o, finals = fn(*(Varlen.flatten(t) for t in inputs), **kwargs,
+                   initial_state=varlen.initial(initial_state_BHKV.float()).contiguous(), output_final_state=True,
+                   cu_seqlens=varlen.cu_seqlens, **layout_kwargs(fn))
+    return o.view(*resets_BL.shape, *o.shape[2:]), finals.float().index_select(0, varlen.last)
 
 
 def cached_loader(module: str, name: str) -> Callable[[], tuple[Callable | None, str | None]]:

@@ -75,7 +75,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log.copy_(torch.empty_like(self.A_log).uniform_(0, 16).log())
         self.dt_bias.copy_(sample_dt_bias(self.cfg.num_v_heads, dt_min=0.001, dt_max=0.1, floor=1e-4))
 
-    def _qkv(self, x_BLD: torch.Tensor, conv_state_BCW: torch.Tensor):
+    def _qkv(self, x_BLD: torch.Tensor, conv_state_BCW: torch.Tensor, resets: torch.Tensor | None = None):
         """q, k, v through the short convs + SiLU (or SiLU alone without them); the new conv window."""
         q, k, v = self.q_proj(x_BLD), self.k_proj(x_BLD), self.v_proj(x_BLD)
         if not self.cfg.use_short_conv:
@@ -83,7 +83,7 @@ class GatedDeltaNet(nn.Module):
         outs, windows = [], []
         for t, conv, window in zip((q, k, v), (self.q_conv1d, self.k_conv1d, self.v_conv1d),
                                    conv_state_BCW.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=1)):
-            out, window = causal_conv(t, conv.weight.squeeze(1), conv.bias, window)
+            out, window = causal_conv(t, conv.weight.squeeze(1), conv.bias, window, resets_BL=resets)
             outs.append(F.silu(out))
             windows.append(window)
         return (*outs, torch.cat(windows, dim=1))
@@ -116,20 +116,21 @@ class GatedDeltaNet(nn.Module):
             o = o * (torch.sigmoid(gate) if cfg.output_gate_activation == "sigmoid" else F.silu(gate))
         return self.o_proj(o.flatten(-2))
 
-    def forward(self, x_BLD: torch.Tensor, kv_BHKV: torch.Tensor, conv_BCW: torch.Tensor, *, use_kernels: bool):
+    def forward(self, x_BLD: torch.Tensor, kv_BHKV: torch.Tensor, conv_BCW: torch.Tensor, *, use_kernels: bool,
+                resets: torch.Tensor | None = None):
         cfg = self.cfg
-        q, k, v, conv_BCW = self._qkv(x_BLD, conv_BCW)
+        q, k, v, conv_BCW = self._qkv(x_BLD, conv_BCW, resets)
         q, k, v = self._heads(q, k, v)
         scale = cfg.head_dim**-0.5
         if use_kernels:
             o, kv_BHKV = kernels.chunk_gated_delta_rule(
                 q, k, v, self.a_proj(x_BLD), self.b_proj(x_BLD), A_log=self.A_log, dt_bias=self.dt_bias,
-                scale=scale, allow_neg_eigval=cfg.allow_neg_eigval, initial_state_BHKV=kv_BHKV)
+                scale=scale, allow_neg_eigval=cfg.allow_neg_eigval, initial_state_BHKV=kv_BHKV, resets_BL=resets)
         else:
             g, beta = self._gates(x_BLD)
             q, k = self._scan_inputs(q, k)
             o, kv_BHKV = gated_delta_chunked(q, k, v, g, beta, scale=scale, chunk_size=cfg.chunk_size,
-                                             initial_state_BHKV=kv_BHKV)
+                                             initial_state_BHKV=kv_BHKV, resets_BL=resets)
         return self._output(o, x_BLD), kv_BHKV, up(conv_BCW)
 
     def step(self, x_BD: torch.Tensor, kv_BHKV: torch.Tensor, conv_BCW: torch.Tensor):
@@ -156,6 +157,7 @@ class GatedDeltaNetLM(FlaLM):
     state_cls = GatedDeltaNetState
     kernels = KERNELS
     official = GATED_DELTANET_FORMAT
+    supports_resets = True
 
     @staticmethod
     def make_blocks(config: GatedDeltaNetConfig) -> list[nn.Module]:

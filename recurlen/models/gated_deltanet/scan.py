@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from recurlen.models.layers import up
+from recurlen.models.resets import chunk_counts, same_document
 
 
 def gated_delta_chunked(
@@ -35,8 +36,12 @@ def gated_delta_chunked(
     scale: float,
     chunk_size: int,
     initial_state_BHKV: torch.Tensor | None = None,
+    resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked gated delta rule; g are log decays (<= 0). Returns o (B, L, H, V) and the final state (B, H, K, V)."""
+    """Chunked gated delta rule; g are log decays (<= 0). Returns o (B, L, H, V) and the final state (B, H, K, V).
+    With `resets_BL` (True where a document starts) S is zero before each flagged position: the corrected values,
+    the outputs and the state at a chunk's end read only their own document's writes, and S_0 only up to the chunk's
+    first flag (recurlen.models.resets)."""
     batch, length, nheads, dk = q_BLHK.shape
     dv = v_BLHV.shape[-1]
     # float32 inside (float64 stays float64): the decays are products of many numbers in (0, 1].
@@ -55,18 +60,29 @@ def gated_delta_chunked(
     b = g.cumsum(dim=-1)  # (B, H, c, l): log decay from the chunk's start through t
     # exp(b_t - b_s) for s <= t; above the diagonal the exponent is positive and masked: clamp so it cannot overflow.
     decay_ts = torch.exp((b.unsqueeze(-1) - b.unsqueeze(-2)).clamp(max=0.0))
+    # Flags so far in each chunk (B, 1, c, l): pairs of one document agree; 0 where S_0 is still read.
+    counts = None if resets_BL is None else chunk_counts(resets_BL, pad, l).unsqueeze(1)
+    reads_in = torch.exp(b)
+    if counts is not None:
+        decay_ts = decay_ts * same_document(counts, q.dtype)
+        reads_in = reads_in * (counts == 0).to(q.dtype)
     causal = torch.ones(l, l, dtype=torch.bool, device=q.device).tril()
     kk = k @ k.transpose(-1, -2)
     A = (beta.unsqueeze(-1) * kk * decay_ts).tril(-1)  # strictly lower
     eye = torch.eye(l, dtype=q.dtype, device=q.device)
-    rhs = torch.cat([beta.unsqueeze(-1) * v, (beta * torch.exp(b)).unsqueeze(-1) * k], dim=-1)
+    rhs = torch.cat([beta.unsqueeze(-1) * v, (beta * reads_in).unsqueeze(-1) * k], dim=-1)
     uw = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
     U, W = uw.split([dv, dk], dim=-1)  # (B, H, c, l, V), (B, H, c, l, K)
 
     scores = (q @ k.transpose(-1, -2)) * decay_ts * causal  # (B, H, c, l, l)
-    q_in = q * torch.exp(b).unsqueeze(-1)  # queries reading the state that entered the chunk
-    k_out = k * torch.exp(b[..., -1:] - b).unsqueeze(-1)  # keys as they stand at the chunk's end
-    decay_chunk = torch.exp(b[..., -1]).unsqueeze(-1).unsqueeze(-1)  # (B, H, c, 1, 1)
+    q_in = q * reads_in.unsqueeze(-1)  # queries reading the state that entered the chunk
+    to_end = torch.exp(b[..., -1:] - b)
+    decay_chunk = torch.exp(b[..., -1])
+    if counts is not None:  # only the chunk's last document reaches its end; a flag ends the entering state
+        to_end = to_end * (counts == counts[..., -1:]).to(q.dtype)
+        decay_chunk = decay_chunk * (counts[..., -1] == 0).to(q.dtype)
+    k_out = k * to_end.unsqueeze(-1)  # keys as they stand at the chunk's end
+    decay_chunk = decay_chunk.unsqueeze(-1).unsqueeze(-1)  # (B, H, c, 1, 1)
     state = q.new_zeros(batch, nheads, dk, dv) if initial_state_BHKV is None else initial_state_BHKV.to(q.dtype)
     outs = []
     for i in range(c):

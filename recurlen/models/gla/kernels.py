@@ -29,8 +29,10 @@ def kernels_available() -> bool:
 
 
 def chunk_gla(q_BLHK: torch.Tensor, k_BLHK: torch.Tensor, v_BLHV: torch.Tensor, g_BLHK: torch.Tensor, *,
-              scale: float, initial_state_BHKV: torch.Tensor, fn=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """fla's chunk_gla with the state in and out; the final state comes back float32.
+              scale: float, initial_state_BHKV: torch.Tensor, resets_BL: torch.Tensor | None = None,
+              fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunk_gla with the state in and out; the final state comes back float32. With `resets_BL` the rows'
+    documents go in as fla's varlen sequences (`cu_seqlens`; fla_model.run_chunked).
 
     `fn` replaces fla's kernel (the interpreter tests pass the same function imported under Triton's
     CPU interpreter).
@@ -39,7 +41,7 @@ def chunk_gla(q_BLHK: torch.Tensor, k_BLHK: torch.Tensor, v_BLHV: torch.Tensor, 
     # what state passing / TBTT want anyway (they detach), but a caller needing it must use the torch path.
     # fla-core 0.6.0 returns it (the interpreter tests compare it with the torch path's).
     return run_chunked(fn or _chunk_gla()[0], q_BLHK, k_BLHK, v_BLHV, g_BLHK.float(), scale=scale,
-                       initial_state_BHKV=initial_state_BHKV)
+                       initial_state_BHKV=initial_state_BHKV, resets_BL=resets_BL)
 
 
 __all__ = ["KERNELS", "chunk_gla", "kernels_available", "layout_kwargs"]

@@ -68,7 +68,7 @@ class GatedLinearAttention(nn.Module):
     def out_norm(self) -> RMSNorm:
         return self.g_norm_swish_gate if hasattr(self, "g_norm_swish_gate") else self.g_norm
 
-    def _convs(self, x_BLD: torch.Tensor, conv_state_BCW: torch.Tensor):
+    def _convs(self, x_BLD: torch.Tensor, conv_state_BCW: torch.Tensor, resets: torch.Tensor | None = None):
         """q, k, v projections, through the short convs (+ SiLU) when configured; the new conv window."""
         q, k, v = self.q_proj(x_BLD), self.k_proj(x_BLD), self.v_proj(x_BLD)
         if not self.cfg.use_short_conv:
@@ -77,7 +77,7 @@ class GatedLinearAttention(nn.Module):
         outs, windows = [], []
         for t, conv, window in zip((q, k, v), (self.q_conv1d, self.k_conv1d, self.v_conv1d),
                                    conv_state_BCW.split(sizes, dim=1)):
-            out, window = causal_conv(t, conv.weight.squeeze(1), conv.bias, window)
+            out, window = causal_conv(t, conv.weight.squeeze(1), conv.bias, window, resets_BL=resets)
             outs.append(F.silu(out))
             windows.append(window)
         return (*outs, torch.cat(windows, dim=1))
@@ -102,15 +102,17 @@ class GatedLinearAttention(nn.Module):
             o = o * F.silu(self.g_proj(x).unflatten(-1, (cfg.num_heads, cfg.head_v_dim)))
         return self.o_proj(o.flatten(-2))
 
-    def forward(self, x_BLD: torch.Tensor, kv_BHKV: torch.Tensor, conv_BCW: torch.Tensor, *, use_kernels: bool):
+    def forward(self, x_BLD: torch.Tensor, kv_BHKV: torch.Tensor, conv_BCW: torch.Tensor, *, use_kernels: bool,
+                resets: torch.Tensor | None = None):
         cfg = self.cfg
-        q, k, v, conv_BCW = self._convs(x_BLD, conv_BCW)
+        q, k, v, conv_BCW = self._convs(x_BLD, conv_BCW, resets)
         q, k, v, g = self._heads(q, k, v, self.gk_proj(x_BLD))
         scale = cfg.head_k_dim**-0.5
         if use_kernels:
-            o, kv_BHKV = kernels.chunk_gla(q, k, v, g, scale=scale, initial_state_BHKV=kv_BHKV)
+            o, kv_BHKV = kernels.chunk_gla(q, k, v, g, scale=scale, initial_state_BHKV=kv_BHKV, resets_BL=resets)
         else:
-            o, kv_BHKV = gla_chunked(q, k, v, g, scale=scale, chunk_size=cfg.chunk_size, initial_state_BHKV=kv_BHKV)
+            o, kv_BHKV = gla_chunked(q, k, v, g, scale=scale, chunk_size=cfg.chunk_size, initial_state_BHKV=kv_BHKV,
+                                     resets_BL=resets)
         return self._output(o, x_BLD), kv_BHKV, up(conv_BCW)
 
     def step(self, x_BD: torch.Tensor, kv_BHKV: torch.Tensor, conv_BCW: torch.Tensor):
@@ -135,6 +137,7 @@ class GLALM(FlaLM):
     state_cls = GLAState
     kernels = KERNELS
     official = GLA_FORMAT
+    supports_resets = True
 
     @staticmethod
     def make_blocks(config: GLAConfig) -> list[nn.Module]:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from recurlen.models.layers import up
+from recurlen.models.resets import chunk_counts, same_document
 
 SUB = 16
 
@@ -47,8 +48,11 @@ def gla_chunked(
     scale: float,
     chunk_size: int,
     initial_state_BHKV: torch.Tensor | None = None,
+    resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked GLA; g are log forget gates (<= 0). Returns o (B, L, H, V) and the final state (B, H, K, V)."""
+    """Chunked GLA; g are log forget gates (<= 0). Returns o (B, L, H, V) and the final state (B, H, K, V).
+    With `resets_BL` (True where a document starts) S is zero before each flagged position: a query meets only the
+    keys of its own document, and a chunk passes on only what its last document wrote (recurlen.models.resets)."""
     batch, length, nheads, dk = q_BLHK.shape
     dv = v_BLHV.shape[-1]
     # float32 inside (float64 stays float64): the decays are products of many numbers in (0, 1].
@@ -67,6 +71,8 @@ def gla_chunked(
 
     q, k, v, g = (t.reshape(batch, nheads, c, l, t.shape[-1]) for t in (q, k, v, g))
     b = g.cumsum(dim=-2)  # (B, H, c, l, K), log decay from the chunk's start through t
+    # Flags so far in each chunk (B, 1, c, l): a pair of positions interacts only where the counts agree.
+    counts = None if resets_BL is None else chunk_counts(resets_BL, pad, l).unsqueeze(1)
 
     # 1. Within chunks, earlier sub-chunks: rescale both sides to the query sub-chunk's first position.
     b_ns = b.view(batch, nheads, c, n, sub, dk)
@@ -76,6 +82,8 @@ def gla_chunked(
     k_ref = k.unsqueeze(3) * torch.exp((ref_n1K - b.unsqueeze(3)).clamp(max=0.0))  # (B, H, c, n, l, K)
     earlier_ns = (torch.arange(l, device=q.device).view(1, l) < torch.arange(n, device=q.device).view(n, 1) * sub)
     scores_off = (q_ref @ k_ref.transpose(-1, -2)) * earlier_ns.to(q.dtype).unsqueeze(-2)  # (B, H, c, n, s, l)
+    if counts is not None:
+        scores_off = scores_off * same_document(counts, q.dtype).view(batch, 1, c, n, sub, l)
     o_intra = (scores_off.flatten(3, 4) @ v).view(batch, nheads, c, n, sub, dv)
 
     # 2. Diagonal sub-blocks, summed over key channels (recomputed in the backward, never stored).
@@ -85,12 +93,20 @@ def gla_chunked(
         scores_diag = checkpoint(_diagonal_scores, q_ns, k_ns, b_ns, use_reentrant=False)
     else:
         scores_diag = _diagonal_scores(q_ns, k_ns, b_ns)
+    if counts is not None:
+        scores_diag = scores_diag * same_document(counts.view(batch, 1, c, n, sub), q.dtype)
     o_intra = (o_intra + scores_diag @ v_ns).view(batch, nheads, c, l, dv)
 
     # 3. Each chunk's own contribution to the state at its end, then pass states across chunks.
     b_last = b[..., -1:, :]  # (B, H, c, 1, K)
-    chunk_kv = (k * torch.exp(b_last - b)).transpose(-1, -2) @ v  # (B, H, c, K, V)
+    to_end = torch.exp(b_last - b)
     decay_chunk = torch.exp(b_last.squeeze(-2)).unsqueeze(-1)  # (B, H, c, K, 1)
+    q_in = q * torch.exp(b)  # queries reading the state that entered the chunk
+    if counts is not None:  # only the chunk's last document reaches its end; a flag ends the entering state
+        to_end = to_end * (counts == counts[..., -1:]).to(q.dtype).unsqueeze(-1)
+        decay_chunk = decay_chunk * (counts[..., -1:] == 0).to(q.dtype).unsqueeze(-1)
+        q_in = q_in * (counts == 0).to(q.dtype).unsqueeze(-1)
+    chunk_kv = (k * to_end).transpose(-1, -2) @ v  # (B, H, c, K, V)
     if initial_state_BHKV is None:
         state = q.new_zeros(batch, nheads, dk, dv)
     else:
@@ -102,7 +118,7 @@ def gla_chunked(
     states_in_BHcKV = torch.stack(states_in, dim=2)
 
     # 4. The state entering each chunk, read by every query of the chunk.
-    o_inter = (q * torch.exp(b)) @ states_in_BHcKV
+    o_inter = q_in @ states_in_BHcKV
     o = (o_inter + o_intra).reshape(batch, nheads, c * l, dv)[:, :, :length]
     return o.transpose(1, 2), state
 

@@ -19,6 +19,7 @@ import torch
 
 from recurlen.models.backends import KernelPath, import_without_failing_init
 from recurlen.models.mamba3.scan import Mamba3Parts
+from recurlen.models.resets import Varlen
 
 INSTALL_CUDA = "pip install 'recurlen[cuda]' (on a CUDA machine; make install EXTRAS=dev,cuda TORCH_CPU=torch)"
 INSTALL_TRITON_ONLY = ("MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip install --no-build-isolation --no-deps "
@@ -55,18 +56,33 @@ def siso_kernel(
     z: torch.Tensor | None,
     chunk_size: int,
     initial: Mamba3Parts,
+    resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Mamba3Parts]:
     """mamba3_chunked's inputs -> y with the D skip and silu(z) (when z is given), and the final state (ssm, angle,
-    k, v) in float32. trap and angles are raw, as for the PyTorch path."""
+    k, v) in float32. trap and angles are raw, as for the PyTorch path. With `resets_BL` (documents packed in the
+    rows, recurlen.models.resets) the rows go in as the kernel's varlen sequences (`cu_seqlens`, batch 1): each row's
+    first document from the row's state, the others from zeros; each row's last document's state comes back."""
     fn, _ = _mamba3_kernel()
     ssm, angle, k, v = initial
     z_BLHP = None if z is None else z.unflatten(-1, v_BLHP.shape[-2:])
+    states = (angle.float(), ssm.float(), k.float(), v.float())
+    per_token = [q_BLGN, k_BLGN, v_BLHP, adt_BLH, dt_BLH, trap_BLH, angles_BLHS, z_BLHP]
+    varlen = None
+    if resets_BL is not None:
+        varlen = Varlen.of(resets_BL)
+        per_token = [None if t is None else Varlen.flatten(t) for t in per_token]
+        states = tuple(varlen.initial(t) for t in states)
+    q, k_in, v_in, adt, dt, trap, angles, z_in = per_token
     y, angle, ssm, k, v = fn(
-        q_BLGN, k_BLGN, v_BLHP, adt_BLH.transpose(1, 2).float(), dt_BLH.transpose(1, 2).float(),
-        trap_BLH.transpose(1, 2), q_bias_HN.float(), k_bias_HN.float(), angles_BLHS.float(), D=D.float(), Z=z_BLHP,
-        Input_States=(angle.float(), ssm.float(), k.float(), v.float()), chunk_size=chunk_size,
-        return_final_states=True)
-    return y, (ssm.float(), angle.float(), k.float(), v.float())
+        q, k_in, v_in, adt.transpose(1, 2).float(), dt.transpose(1, 2).float(), trap.transpose(1, 2),
+        q_bias_HN.float(), k_bias_HN.float(), angles.float(), D=D.float(), Z=z_in,
+        Input_States=tuple(t.contiguous() for t in states), chunk_size=chunk_size, return_final_states=True,
+        **({} if varlen is None else {"cu_seqlens": varlen.cu_seqlens.int()}))
+    finals = (ssm.float(), angle.float(), k.float(), v.float())
+    if varlen is not None:
+        y = y.view(*resets_BL.shape, *y.shape[2:])
+        finals = tuple(t.index_select(0, varlen.last) for t in finals)
+    return y, finals
 
 
 __all__ = ["KERNELS", "siso_kernel"]

@@ -111,17 +111,17 @@ class Mamba3Mixer(nn.Module):
         return y if self.cfg.is_outproj_norm else y * F.silu(up(z_xI)).unflatten(-1, x_xHP.shape[-2:])
 
     def forward(self, u_BLD: torch.Tensor, ssm_BHPN: torch.Tensor, angle_BHS: torch.Tensor, k_BHN: torch.Tensor,
-                v_BHP: torch.Tensor, *, use_kernels: bool):
+                v_BHP: torch.Tensor, *, use_kernels: bool, resets: torch.Tensor | None = None):
         z, x, B, C, adt, dt, trap, angles = self._inputs(u_BLD)
         biases = self.C_bias[:, 0], self.B_bias[:, 0]
         state = (ssm_BHPN, angle_BHS, k_BHN, v_BHP)
         if use_kernels:
             y, state = kernels.siso_kernel(C, B, x, adt, dt, trap, angles, *biases, D=self.D,
                                            z=None if self.cfg.is_outproj_norm else z, chunk_size=self.cfg.chunk_size,
-                                           initial=state)
+                                           initial=state, resets_BL=resets)
         else:
             y, state = mamba3_chunked(C, B, x, adt, dt, trap, angles, *biases, chunk_size=self.cfg.chunk_size,
-                                      initial=state)
+                                      initial=state, resets_BL=resets)
             y = self._skip_and_gate(y, x, z)
         return (self._output(y, z, u_BLD.dtype), *state)
 
@@ -143,6 +143,7 @@ class Mamba3LM(MixerModelLM):
     kernels = KERNELS
     mixer_cls = Mamba3Mixer
     official = MAMBA3_FORMAT
+    supports_resets = True
 
     def state_decays(self) -> dict[str, torch.Tensor]:
         """Empty: Mamba-3's decay A_t = -softplus(dd_A_t) is computed from the input, not a parameter."""

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from recurlen.models.layers import up
+from recurlen.models.resets import chunk_counts, same_document
 
 TWO_PI = 2 * math.pi
 
@@ -69,10 +70,14 @@ def mamba3_chunked(
     *,
     chunk_size: int,
     initial: Mamba3Parts | None = None,
+    resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Mamba3Parts]:
     """y (without the D skip and the gate) and the final state (ssm, angle, k, v), float32 or wider.
 
     trap and angles are raw (sigmoid and pi tanh happen here), as mamba-ssm's kernel takes them; adt = A dt <= 0.
+    With `resets_BL` (True where a document starts) the whole state (h, the angle, the previous k and v) is zero
+    before each flagged position: the angle restarts its sum there, and every decay across a flag is cut
+    (recurlen.models.resets).
     """
     batch, length, nheads, headdim = v_BLHP.shape
     d_state = q_BLGN.shape[-1]
@@ -86,7 +91,15 @@ def mamba3_chunked(
         h0, theta0, k_prev, v_prev = (up(t) for t in initial)
 
     # The cumulative angle: summed in float64 (it grows without bound before the mod), kept mod 2 pi.
-    theta = torch.remainder(theta0.unsqueeze(1).double() + angle_rate(ang, dt).double().cumsum(dim=1), TWO_PI)
+    rate = angle_rate(ang, dt).double()
+    theta = theta0.unsqueeze(1).double() + rate.cumsum(dim=1)
+    if resets_BL is not None:
+        # Each document's angle sums its own rates: less the sum up to its start (theta0 included).
+        pos = torch.arange(length, device=v.device).expand(batch, length)
+        start_BL = torch.where(resets_BL, pos, torch.full_like(pos, -1)).cummax(dim=1).values
+        before = (theta - rate).gather(1, start_BL.clamp(min=0)[:, :, None, None].expand_as(theta))
+        theta = theta - torch.where((start_BL >= 0)[:, :, None, None], before, torch.zeros_like(before))
+    theta = torch.remainder(theta, TWO_PI)
     theta = theta.to(dtype)
     q = rotate(_heads(q, nheads) + up(q_bias_HN), theta)
     k = rotate(_heads(k, nheads) + up(k_bias_HN), theta)
@@ -113,6 +126,9 @@ def mamba3_chunked(
     seg_BclsH = acum[:, :, :, None] - acum[:, :, None, :]
     strict = torch.ones(l, l, dtype=torch.bool, device=v.device).tril(-1)[None, None, :, :, None]
     decay_BclsH = torch.exp(seg_BclsH.masked_fill(~strict, -math.inf)).to(dtype)
+    counts_Bcl = None if resets_BL is None else chunk_counts(resets_BL, pad, l)
+    if counts_Bcl is not None:  # pairs of one document only (a flag cuts the decay and the previous k / v)
+        decay_BclsH = decay_BclsH * same_document(counts_Bcl, dtype).unsqueeze(-1)
     weight_BclsH = decay_BclsH * scale[:, :, None]  # strictly below the diagonal: exp(..) scale_s
     weight_BclsH = weight_BclsH + torch.diag_embed(gamma.transpose(2, 3), dim1=2, dim2=3)  # the diagonal: gamma_l
 
@@ -122,10 +138,16 @@ def mamba3_chunked(
 
     # 2. What each chunk adds to the state, decayed to the chunk's end.
     to_end_BclH = (torch.exp(acum[:, :, -1:] - acum) * scale).to(dtype)
+    if counts_Bcl is not None:  # only the chunk's last document reaches its end
+        to_end_BclH = to_end_BclH * (counts_Bcl == counts_Bcl[..., -1:]).to(dtype).unsqueeze(-1)
     chunk_states_BcHPN = torch.einsum("bclh,bclhp,bclhn->bchpn", to_end_BclH, v, k)
 
     # 3. The state entering each chunk, passed sequentially (linear in the number of chunks).
     chunk_decay_BcH = torch.exp(acum[:, :, -1]).to(dtype)
+    decay_in_BclH = torch.exp(acum).to(dtype)
+    if counts_Bcl is not None:  # a flag ends the state that entered the chunk
+        chunk_decay_BcH = chunk_decay_BcH * (counts_Bcl[..., -1:] == 0).to(dtype)
+        decay_in_BclH = decay_in_BclH * (counts_Bcl == 0).to(dtype).unsqueeze(-1)
     h, states_in = h0, []
     for i in range(c):
         states_in.append(h)
@@ -133,7 +155,7 @@ def mamba3_chunked(
     states_in_BcHPN = torch.stack(states_in, dim=1)
 
     # 4. The entering state's contribution, decayed to each position.
-    y_off_BclHP = torch.einsum("bclhn,bchpn->bclhp", q, states_in_BcHPN) * torch.exp(acum).to(dtype).unsqueeze(-1)
+    y_off_BclHP = torch.einsum("bclhn,bchpn->bclhp", q, states_in_BcHPN) * decay_in_BclH.unsqueeze(-1)
     y_BLHP = (y_BclHP + y_off_BclHP).flatten(1, 2)[:, :length]
     last = (length - 1) // l, (length - 1) % l
     return y_BLHP, (h, theta[:, -1], k[:, last[0], last[1]], v[:, last[0], last[1]])

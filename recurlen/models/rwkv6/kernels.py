@@ -24,13 +24,15 @@ KERNELS = KernelPath(what="flash-linear-attention's chunk_rwkv6 (Triton)", load=
 
 
 def chunk_rwkv6(r_BLHK: torch.Tensor, k_BLHK: torch.Tensor, v_BLHV: torch.Tensor, logw_BLHK: torch.Tensor,
-                u_HK: torch.Tensor, *, initial_state_BHKV: torch.Tensor, fn=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """fla's chunk_rwkv6 with the state in and out; the final state comes back float32.
+                u_HK: torch.Tensor, *, initial_state_BHKV: torch.Tensor, resets_BL: torch.Tensor | None = None,
+                fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunk_rwkv6 with the state in and out; the final state comes back float32. With `resets_BL` the rows'
+    documents go in as fla's varlen sequences (`cu_seqlens`; fla_model.run_chunked).
 
     `fn` replaces fla's kernel (the interpreter tests pass the same function imported under Triton's CPU
     interpreter)."""
-    return run_chunked(fn or _chunk_rwkv6()[0], r_BLHK, k_BLHK, v_BLHV, logw_BLHK.float(), u_HK.to(r_BLHK.dtype),
-                       scale=1.0, initial_state_BHKV=initial_state_BHKV)
+    return run_chunked(fn or _chunk_rwkv6()[0], r_BLHK, k_BLHK, v_BLHV, logw_BLHK.float(), u=u_HK.to(r_BLHK.dtype),
+                       scale=1.0, initial_state_BHKV=initial_state_BHKV, resets_BL=resets_BL)
 
 
 __all__ = ["KERNELS", "chunk_rwkv6", "layout_kwargs"]

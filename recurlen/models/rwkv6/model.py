@@ -47,9 +47,12 @@ from recurlen.models.rwkv6.scan import wkv6_chunked, wkv6_step
 from recurlen.models.rwkv6.state import RWKV6State
 
 
-def shift_delta(x_BLD: torch.Tensor, last_BD: torch.Tensor) -> torch.Tensor:
-    """x_{t-1} - x_t, with the carried last token of the previous call standing in for x_{-1}."""
+def shift_delta(x_BLD: torch.Tensor, last_BD: torch.Tensor, resets_BL: torch.Tensor | None = None) -> torch.Tensor:
+    """x_{t-1} - x_t, with the carried last token of the previous call standing in for x_{-1}; where a document
+    starts (resets_BL) x_{t-1} is zero, the shift state of a fresh sequence."""
     shifted = torch.cat([last_BD.to(x_BLD.dtype).unsqueeze(1), x_BLD[:, :-1]], dim=1)
+    if resets_BL is not None:
+        shifted = shifted * (~resets_BL).to(x_BLD.dtype).unsqueeze(-1)
     return shifted - x_BLD
 
 
@@ -141,13 +144,15 @@ class RWKV6Attention(nn.Module):
     def _output(self, o_BLHV: torch.Tensor, g_BLD: torch.Tensor) -> torch.Tensor:
         return self.o_proj(self.g_norm(o_BLHV.flatten(-2).to(g_BLD.dtype)) * F.silu(g_BLD))
 
-    def forward(self, x_BLD: torch.Tensor, wkv_BHKV: torch.Tensor, shift_BD: torch.Tensor, *, use_kernels: bool):
-        r, log_w, k, v, g = self._project(x_BLD, shift_delta(x_BLD, shift_BD))
+    def forward(self, x_BLD: torch.Tensor, wkv_BHKV: torch.Tensor, shift_BD: torch.Tensor, *, use_kernels: bool,
+                resets: torch.Tensor | None = None):
+        r, log_w, k, v, g = self._project(x_BLD, shift_delta(x_BLD, shift_BD, resets))
         if use_kernels:
-            o, wkv_BHKV = kernels.chunk_rwkv6(r, k, v, log_w, self.bonus, initial_state_BHKV=wkv_BHKV)
+            o, wkv_BHKV = kernels.chunk_rwkv6(r, k, v, log_w, self.bonus, initial_state_BHKV=wkv_BHKV,
+                                              resets_BL=resets)
         else:
             o, wkv_BHKV = wkv6_chunked(r, k, v, log_w, self.bonus, chunk_size=self.cfg.chunk_size,
-                                       initial_state_BHKV=wkv_BHKV)
+                                       initial_state_BHKV=wkv_BHKV, resets_BL=resets)
         return self._output(o, g), wkv_BHKV, x_BLD[:, -1]
 
     def step(self, x_BD: torch.Tensor, wkv_BHKV: torch.Tensor, shift_BD: torch.Tensor):
@@ -166,8 +171,8 @@ class RWKV6FeedForward(nn.Module):
         self.value = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
         self.receptance = LerpLinear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x_BLD: torch.Tensor, shift_BD: torch.Tensor):
-        delta = shift_delta(x_BLD, shift_BD)
+    def forward(self, x_BLD: torch.Tensor, shift_BD: torch.Tensor, resets: torch.Tensor | None = None):
+        delta = shift_delta(x_BLD, shift_BD, resets)
         hidden = F.relu(self.key(x_BLD, delta)).square()
         return torch.sigmoid(self.receptance(x_BLD, delta)) * self.value(hidden), x_BLD[:, -1]
 
@@ -183,19 +188,21 @@ class RWKV6Block(nn.Module):
         self.ffn_norm = norm()
         self.ffn = RWKV6FeedForward(cfg)
 
-    def _run(self, hidden: torch.Tensor, parts, attn):
+    def _run(self, hidden: torch.Tensor, parts, attn, resets: torch.Tensor | None = None):
         wkv, att_shift, ffn_shift = parts
         residual = self.pre_norm(hidden) if hasattr(self, "pre_norm") else hidden
         mixed, wkv, att_shift = attn(self.attn_norm(residual), wkv, att_shift)
         residual = residual + mixed
         squeeze = residual.dim() == 2  # one token (step): the channel mix takes (B, 1, D)
         normed = self.ffn_norm(residual.unsqueeze(1) if squeeze else residual)
-        out, ffn_shift = self.ffn(normed, ffn_shift)
+        out, ffn_shift = self.ffn(normed, ffn_shift, resets)
         out = out[:, 0] if squeeze else out
         return residual + out, (wkv, att_shift, ffn_shift)
 
-    def forward(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, ...], *, use_kernels: bool):
-        return self._run(hidden, parts, lambda x, s, sh: self.attn(x, s, sh, use_kernels=use_kernels))
+    def forward(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, ...], *, use_kernels: bool,
+                resets: torch.Tensor | None = None):
+        return self._run(hidden, parts, lambda x, s, sh: self.attn(x, s, sh, use_kernels=use_kernels, resets=resets),
+                         resets)
 
     def step(self, hidden: torch.Tensor, parts: tuple[torch.Tensor, ...]):
         return self._run(hidden, parts, self.attn.step)
@@ -210,6 +217,7 @@ class RWKV6LM(FlaLM):
     kernels = KERNELS
     official = RWKV6_FORMAT
     weights_file = BLINKDL_FILE
+    supports_resets = True
 
     @staticmethod
     def make_blocks(config: RWKV6Config) -> list[nn.Module]:

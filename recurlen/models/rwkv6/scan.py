@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from recurlen.models.layers import up
+from recurlen.models.resets import chunk_counts, same_document
 
 SUB = 8
 
@@ -54,8 +55,12 @@ def wkv6_chunked(
     *,
     chunk_size: int,
     initial_state_BHKV: torch.Tensor | None = None,
+    resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked WKV-6; g are log decays (<= 0). Returns o (B, L, H, V) and the final state (B, H, K, V)."""
+    """Chunked WKV-6; g are log decays (<= 0). Returns o (B, L, H, V) and the final state (B, H, K, V).
+    With `resets_BL` (True where a document starts) S is zero before each flagged position: a query meets only the
+    earlier keys of its own document, and a chunk passes on only what its last document wrote
+    (recurlen.models.resets); the bonus reads the current token alone, as before."""
     batch, length, nheads, dk = r_BLHK.shape
     dv = v_BLHV.shape[-1]
     # float32 inside (float64 stays float64): the decays are products of many numbers in (0, 1).
@@ -76,6 +81,8 @@ def wkv6_chunked(
     r, k, v, g = (t.reshape(batch, nheads, c, l, t.shape[-1]) for t in (r, k, v, g))
     b = g.cumsum(dim=-2)  # (B, H, c, l, K) inclusive log decay from the chunk's start
     e = b - g  # exclusive: what the state entering position t has decayed by
+    # Flags so far in each chunk (B, 1, c, l): a pair of positions interacts only where the counts agree.
+    counts = None if resets_BL is None else chunk_counts(resets_BL, pad, l).unsqueeze(1)
 
     # 1. Keys of earlier sub-chunks: both sides rescaled to the query sub-chunk's first exclusive decay.
     shape_ns = (batch, nheads, c, n, sub, dk)
@@ -86,6 +93,8 @@ def wkv6_chunked(
     k_ref = k.unsqueeze(3) * torch.exp((ref_n1K - b.unsqueeze(3)).clamp(max=0.0))  # (B, H, c, n, l, K)
     earlier_ns = torch.arange(l, device=r.device).view(1, l) < torch.arange(n, device=r.device).view(n, 1) * sub
     scores_off = (r_ref @ k_ref.transpose(-1, -2)) * earlier_ns.to(r.dtype).unsqueeze(-2)  # (B, H, c, n, s, l)
+    if counts is not None:
+        scores_off = scores_off * same_document(counts, r.dtype).view(batch, 1, c, n, sub, l)
     o_intra = (scores_off.flatten(3, 4) @ v).view(batch, nheads, c, n, sub, dv)
 
     # 2. Earlier keys of the same sub-chunk, summed over key channels (recomputed in the backward, never stored).
@@ -94,12 +103,20 @@ def wkv6_chunked(
         scores_diag = checkpoint(_diagonal_scores, r_ns, k_ns, e_ns, b_ns, use_reentrant=False)
     else:
         scores_diag = _diagonal_scores(r_ns, k_ns, e_ns, b_ns)
+    if counts is not None:
+        scores_diag = scores_diag * same_document(counts.view(batch, 1, c, n, sub), r.dtype)
     o_intra = (o_intra + scores_diag @ v_ns).view(batch, nheads, c, l, dv)
 
     # 3. Each chunk's own contribution to the state at its end, then the states passed across chunks.
     b_last = b[..., -1:, :]  # (B, H, c, 1, K)
-    chunk_kv = (k * torch.exp(b_last - b)).transpose(-1, -2) @ v  # (B, H, c, K, V)
+    to_end = torch.exp(b_last - b)
     decay_chunk = torch.exp(b_last.squeeze(-2)).unsqueeze(-1)  # (B, H, c, K, 1)
+    r_in = r * torch.exp(e)  # queries reading the state that entered the chunk
+    if counts is not None:  # only the chunk's last document reaches its end; a flag ends the entering state
+        to_end = to_end * (counts == counts[..., -1:]).to(r.dtype).unsqueeze(-1)
+        decay_chunk = decay_chunk * (counts[..., -1:] == 0).to(r.dtype).unsqueeze(-1)
+        r_in = r_in * (counts == 0).to(r.dtype).unsqueeze(-1)
+    chunk_kv = (k * to_end).transpose(-1, -2) @ v  # (B, H, c, K, V)
     state = r.new_zeros(batch, nheads, dk, dv) if initial_state_BHKV is None else initial_state_BHKV.to(r.dtype)
     states_in = []
     for decay_BHK1, kv_BHKV in zip(decay_chunk.unbind(2), chunk_kv.unbind(2)):
@@ -108,7 +125,7 @@ def wkv6_chunked(
     states_in_BHcKV = torch.stack(states_in, dim=2)
 
     # 4. The state entering each chunk, read by every query of the chunk through its exclusive decay.
-    o_inter = (r * torch.exp(e)) @ states_in_BHcKV
+    o_inter = r_in @ states_in_BHcKV
     o = (o_inter + o_intra).reshape(batch, nheads, c * l, dv)[:, :, :length] + o_bonus
     return o.transpose(1, 2), state
 
