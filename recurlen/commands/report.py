@@ -32,8 +32,10 @@ from pathlib import Path
 
 from recurlen.diagnostics.compare import FLAT_TOL
 from recurlen.diagnostics.plots import PLOT_NAMES, results_file, write_plots
+from recurlen.evaluation.fixes.report import fixes_section
+from recurlen.evaluation.steps_curve import STEPS_PNG, plot_steps_curve, steps_curves, steps_lines
 from recurlen.evaluation.tasks.report import check_task_result, is_task_result, strip_private, task_sections
-from recurlen.util.atomic_files import write_json, write_text
+from recurlen.util.atomic_files import save_figure, write_json, write_text
 from recurlen.util.errors import UserError
 
 GENERALIZES_TOL = FLAT_TOL
@@ -235,6 +237,8 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
         lines += [f"| {r['label']} | {r.get('model', '?')} | {r.get('train_len', '?')} |" for r in runs] + [""]
     if runs:
         lines += _evaluation_lines(runs, verdicts, checks, plots)
+    curves = steps_to_hold(runs, out)
+    lines += steps_lines(curves) if curves else []
     lines += task_sections(tasks, out)
     if timings:
         # Steps as the stage's checkpoint holds them (what was trained, not what was asked for).
@@ -248,9 +252,18 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     write_text(out / "report.md", text)
     merged = {"format": "recurlen.report/1", "runs": runs, "verdicts": verdicts, "checks": checks,
               "plots": {k: PLOT_NAMES[k] for k in plots}, "timings": list(timings or []),
-              "tasks": [strip_private(t) for t in tasks]}
+              "tasks": [strip_private(t) for t in tasks], "steps_curve": curves}
     write_json(out / "results.json", merged, indent=2)
     return out / "report.md"
+
+
+def steps_to_hold(runs: Sequence[dict], out: Path) -> list[dict]:
+    """The post-training runs' far-bin curves from their own logs (recurlen.evaluation.steps_curve), the figure
+    written into out; [] when no evaluated run is a post-training run with a validation log."""
+    curves = steps_curves(runs)
+    if curves:
+        save_figure(plot_steps_curve(curves), out / STEPS_PNG, dpi=110, tight=True)
+    return curves
 
 
 def _evaluation_lines(runs: Sequence[dict], verdicts: Sequence[dict], checks: Sequence[dict],
@@ -277,6 +290,7 @@ def _evaluation_lines(runs: Sequence[dict], verdicts: Sequence[dict], checks: Se
     lines += _table(runs, "loss", "Loss (nats/token), full context", ".3f")
     lines += _table(runs, "full_minus_reset", "full - reset (nats/token): > 0 means longer context hurts", "+.3f")
     lines += _table(runs, "ppl", "Perplexity", ".3f")
+    lines += fixes_section(runs)
     state_lines, eff_lines = _state_lines(runs), _effrem_lines(runs)
     if state_lines:
         lines += ["## State norm by position", ""] + state_lines + [""]

@@ -54,7 +54,7 @@ def evaluate_checkpoints(cfg: EvalConfig, data: DataConfig) -> Path:
         torch.set_num_threads(cfg.num_threads)
     if cfg.seq_len is None:
         cfg.seq_len = data.long_val_length
-    num = max(cfg.num_sequences, cfg.effrem_sequences or 0)
+    num = cfg.scored_rows() + cfg.calibration_rows()  # the fixes calibrate on the rows after the scored ones
     run_eval(cfg, heldout_sequences(data, length=cfg.seq_len, num=num))
     return Path(cfg.output_dir) / "results.json"
 

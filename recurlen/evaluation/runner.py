@@ -17,7 +17,9 @@ results.json:
                                 "log_bins": [same, kind "log", names in tokens]},
                "state":  {"positions": [S], "num_sequences", "ssm_norm": [[S] x layers], "ssm_std",
                           "conv_norm", "conv_std"},
-               "effrem": {"T", "t": [G], "effrem": [G], "num_sequences", "suffix_tokens_per_sequence"}}]}
+               "effrem": {"T", "t": [G], "effrem": [G], "num_sequences", "suffix_tokens_per_sequence"},
+               "fix":    {"name", "base", "paper", "config", "calibrated_parameters", "values", "calibration",
+                          "seconds"}}]}     # only on a training-free fix's entry (fixes=[...]), labelled base+name
 Sections of tasks that were not run are absent; reset_* keys only with the "reset" task; numbers
 that are not finite are written as null.
 """
@@ -25,8 +27,10 @@ that are not finite are written as null.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,11 +38,12 @@ from recurlen.diagnostics.effrem import check_t_grid, effective_remembrance
 from recurlen.diagnostics.model_access import available_length, require_state_api, select_sequences, unigram_loss
 from recurlen.diagnostics.plots import PLOT_NAMES, RESULTS_NAME, write_plots
 from recurlen.diagnostics.positionwise import evaluate_positionwise
+from recurlen.evaluation import fixes as fix_table
 from recurlen.models import registry
 from recurlen.training.resume import checkpoint_to_read
 from recurlen.training.run_dir import load_model, run_dir_of
 from recurlen.util.atomic_files import json_safe, write_json
-from recurlen.util.errors import UserError
+from recurlen.util.errors import UserError, user_input
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +99,13 @@ class EvalConfig:
     """tqdm progress bars."""
     num_threads: int | None = None
     """torch threads on CPU; None leaves torch's default."""
+    fixes: list[str] = field(default_factory=list)
+    """Training-free fixes evaluated beside the runs, each on a fresh copy of the run fix_base names and labelled
+    BASE+NAME: any of recurlen.evaluation.fixes (mambaextend, a_scale, forget_more)."""
+    fix_base: str | None = None
+    """Label of the run the fixes are applied to. None: the first checkpoint."""
+    fix: dict[str, Any] = field(default_factory=dict)
+    """Each fix's settings, fix.NAME.KEY=VALUE (e.g. fix.mambaextend.steps=40); `recurlen eval` lists them."""
 
     def __post_init__(self) -> None:
         self.checkpoints = [str(c) for c in self.checkpoints]  # omegaconf ListConfig -> list
@@ -127,6 +139,32 @@ class EvalConfig:
         dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
         if dupes:
             raise ValueError(f"eval: checkpoint labels must be unique; {dupes} repeat (write them as 'label=path')")
+        self.fixes = [str(f) for f in self.fixes]
+        self.fix = {str(k): dict(v or {}) for k, v in dict(self.fix).items()}
+        if self.fix_base is not None and self.fix_base not in labels:
+            raise ValueError(f"eval: fix_base={self.fix_base!r} is not a checkpoint's label; labels: {labels}")
+        if len(set(self.fixes)) != len(self.fixes):
+            raise ValueError(f"eval: fixes repeat: {self.fixes}")
+        stray = sorted(set(self.fix) - set(self.fixes))
+        if stray:
+            raise ValueError(f"eval: settings for fixes {stray} that are not in fixes={self.fixes}")
+        self.fix_configs()  # unknown fixes and settings fail here, before anything loads
+
+    def fix_configs(self) -> list[tuple[fix_table.Fix, Any]]:
+        """[(fix, its typed settings)] in the order of `fixes`."""
+        out = []
+        for name in self.fixes:
+            fix = fix_table.get(name)
+            out.append((fix, fix.make_config(self.fix.get(name))))
+        return out
+
+    def calibration_rows(self) -> int:
+        """Held-out sequences the fixes' calibrations need beside the evaluation's (the most any one needs)."""
+        return max([getattr(cfg, "sequences", 0) for _, cfg in self.fix_configs()], default=0)
+
+    def scored_rows(self) -> int:
+        """Held-out sequences the evaluation scores (the first ones); calibration takes the ones after."""
+        return max(self.num_sequences, self.effrem_sequences or 0)
 
     def labelled_checkpoints(self) -> list[tuple[str, str]]:
         """[(label, path)]; an unlabelled path is named after its run directory."""
@@ -233,6 +271,42 @@ def _checkpoint_of(path: str) -> str:
     return str(checkpoint_to_read(run))
 
 
+def _evaluate_fixes(cfg: EvalConfig, sequences, *, device: torch.device) -> list[dict]:
+    """One entry per training-free fix: the base run loaded afresh, the fix applied (calibrated on the held-out
+    sequences after those the evaluation scores), then evaluated like any run."""
+    if not cfg.fixes:
+        return []
+    labelled = dict(cfg.labelled_checkpoints())
+    base = cfg.fix_base or next(iter(labelled))
+    rest = sequences[cfg.scored_rows():]
+    entries = []
+    for fix, fix_cfg in cfg.fix_configs():
+        loaded = load_model(_checkpoint_of(labelled[base]), backend=cfg.backend, device=device)
+        train_len = cfg.train_len or loaded.train_seq_len
+        if train_len is None:
+            raise UserError(f"eval [{base}+{fix.name}]: {labelled[base]} does not record its training context; set "
+                            "train_len= (EvalConfig.train_len)")
+        fix.check_model(loaded.model)
+        calibration = None
+        if getattr(fix_cfg, "sequences", 0) and len(rest) >= fix_cfg.sequences:
+            length = getattr(fix_cfg, "length", None) or cfg.seq_len or available_length(rest, fix_cfg.sequences)
+            with user_input():
+                calibration = select_sequences(rest, length=length, num=fix_cfg.sequences,
+                                               what=f"fix {fix.name} calibration")
+        started = time.perf_counter()
+        record = fix.apply(loaded.model, fix_cfg, calibration=calibration, train_len=train_len)
+        seconds = time.perf_counter() - started
+        label = f"{base}+{fix.name}"
+        log.info("fix %s on %s: %s in %.1f s", fix.name, base, record.values, seconds)
+        entry = evaluate_model(loaded.model, sequences, cfg=cfg, train_len=train_len, label=label,
+                               source=loaded.source, device=device)
+        entry["fix"] = {**record.to_dict(), "base": base, "seconds": seconds}
+        log.info("%s", _summary_line(entry))
+        entries.append(entry)
+        del loaded
+    return entries
+
+
 def run_eval(cfg: EvalConfig, sequences: torch.Tensor | list[torch.Tensor]) -> dict:
     """Evaluate every checkpoint of cfg on the held-out sequences; write results.json and plots."""
     device = resolve_device(cfg.device)
@@ -257,6 +331,7 @@ def run_eval(cfg: EvalConfig, sequences: torch.Tensor | list[torch.Tensor]) -> d
         del loaded  # one model on the device at a time
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    runs += _evaluate_fixes(cfg, sequences, device=device)
     plots = write_plots(runs, out_dir)
     results = {"format": RESULTS_FORMAT, "config": cfg.to_dict(), "device": str(device),
                "plots": {kind: PLOT_NAMES[kind] for kind in plots}, "runs": runs}

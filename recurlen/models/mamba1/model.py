@@ -36,6 +36,7 @@ from recurlen.models.mamba1.scan import selective_scan_chunked, selective_scan_s
 from recurlen.models.mamba1.state import Mamba1State
 from recurlen.models.mamba1.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
+from recurlen.models.timescales import scaled, softplus_inverse
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class Mamba1Mixer(nn.Module):
         self.out_proj = nn.Linear(d_inner, cfg.d_model, bias=cfg.bias)
         for p in (self.A_log, self.D):
             p._no_weight_decay = True
+        # Scales of dt and A per layer set by training-free fixes (recurlen.models.timescales); None: as trained.
+        self.dt_scale: torch.Tensor | None = None
+        self.A_scale: torch.Tensor | None = None
         self.reset_ssm_parameters()
 
     @torch.no_grad()
@@ -83,7 +87,10 @@ class Mamba1Mixer(nn.Module):
         cfg = self.cfg
         dt_BLR, B_BLN, C_BLN = torch.split(self.x_proj(x_BLI), [cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
         # softplus(W dt + bias): the bias is dt_proj's, as in the kernel's delta_bias.
-        return F.softplus(up(self.dt_proj(dt_BLR))), B_BLN, C_BLN
+        return scaled(F.softplus(up(self.dt_proj(dt_BLR))), self.dt_scale), B_BLN, C_BLN
+
+    def _A(self) -> torch.Tensor:
+        return scaled(-torch.exp(up(self.A_log)), self.A_scale)
 
     def forward(self, u_BLD: torch.Tensor, ssm_state_BIN: torch.Tensor, conv_state_BIW: torch.Tensor, *,
                 use_kernels: bool,
@@ -102,12 +109,16 @@ class Mamba1Mixer(nn.Module):
             x_BLI = F.silu(x_BLI)
         else:
             x_BLI, conv_state_BIW = conv_out
-        A_IN = -torch.exp(up(self.A_log))
+        A_IN = self._A()
         if use_kernels:
             dt_BLR, B_BLN, C_BLN = torch.split(self.x_proj(x_BLI), [cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
+            dt_raw_BLI, dt_bias_I = F.linear(dt_BLR, self.dt_proj.weight), self.dt_proj.bias
+            if self.dt_scale is not None:  # the kernel forms softplus(dt + bias): give it the scaled dt's preimage
+                dt_raw_BLI = softplus_inverse(scaled(F.softplus(up(self.dt_proj(dt_BLR))), self.dt_scale))
+                dt_bias_I = torch.zeros_like(dt_bias_I)
             y_BLI, ssm_state_BIN = kernels.selective_scan(
-                x_BLI, F.linear(dt_BLR, self.dt_proj.weight), A_IN, B_BLN, C_BLN, D_I=self.D,
-                dt_bias_I=self.dt_proj.bias, initial_state_BIN=ssm_state_BIN)
+                x_BLI, dt_raw_BLI, A_IN, B_BLN, C_BLN, D_I=self.D, dt_bias_I=dt_bias_I,
+                initial_state_BIN=ssm_state_BIN)
         else:
             dt_BLI, B_BLN, C_BLN = self._ssm_inputs(x_BLI)
             y_BLI, ssm_state_BIN = selective_scan_chunked(x_BLI, dt_BLI, A_IN, B_BLN, C_BLN, chunk_size=cfg.chunk_size,
@@ -123,7 +134,7 @@ class Mamba1Mixer(nn.Module):
                                             conv_state_BIW)
         x_BI = F.silu(x_B1I.squeeze(1))
         dt_BI, B_BN, C_BN = self._ssm_inputs(x_BI)
-        y_BI, ssm_state_BIN = selective_scan_step(x_BI, dt_BI, -torch.exp(up(self.A_log)), B_BN, C_BN,
+        y_BI, ssm_state_BIN = selective_scan_step(x_BI, dt_BI, self._A(), B_BN, C_BN,
                                                   up(ssm_state_BIN))
         y_BI = (y_BI + up(x_BI) * up(self.D)) * F.silu(up(z_BI))
         return self.out_proj(y_BI.to(u_BD.dtype)), ssm_state_BIN, up(conv_state_BIW)
@@ -131,7 +142,7 @@ class Mamba1Mixer(nn.Module):
     def decay_rates(self) -> torch.Tensor:
         """(d_inner, N): each state entry's decay rate per token at zero input, softplus(dt bias) x |A| (the
         entry keeps exp(-rate) of itself per token; the input moves dt, per channel, around this)."""
-        return F.softplus(up(self.dt_proj.bias))[:, None] * torch.exp(up(self.A_log))
+        return scaled(F.softplus(up(self.dt_proj.bias)), self.dt_scale)[:, None] * -self._A()
 
 
 class Mamba1LM(MixerModelLM):
@@ -144,6 +155,7 @@ class Mamba1LM(MixerModelLM):
     mixer_cls = Mamba1Mixer
     transformers = TRANSFORMERS_FORMAT
     supports_resets = True
+    TIMESCALES = ("dt", "A", "A_log")  # recurlen.models.timescales
 
 
 __all__ = ["Mamba1LM", "Mamba1Mixer"]

@@ -33,6 +33,7 @@ from recurlen.models.mamba2.state import RecurrentState
 from recurlen.models.mamba2.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
 from recurlen.models.resets import seq_idx
+from recurlen.models.timescales import scaled, softplus_inverse
 
 # The scan's result does not depend on the chunk length, only its cost does: inside a chunk the work is
 # (chunk x chunk) elementwise passes per head, which are memory-bound on a CPU. At the official shapes
@@ -58,6 +59,9 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = nn.Linear(cfg.d_inner, cfg.d_model, bias=cfg.bias)
         for p in (self.dt_bias, self.A_log, self.D):
             p._no_weight_decay = True
+        # Scales of dt and A per layer set by training-free fixes (recurlen.models.timescales); None: as trained.
+        self.dt_scale: torch.Tensor | None = None
+        self.A_scale: torch.Tensor | None = None
         self.reset_ssm_parameters()
 
     @torch.no_grad()
@@ -98,12 +102,15 @@ class Mamba2Mixer(nn.Module):
         x_BLHP = x_BLI.unflatten(-1, (cfg.nheads, cfg.headdim))
         B_BLGN = B_BLGN.unflatten(-1, (cfg.ngroups, cfg.d_state))
         C_BLGN = C_BLGN.unflatten(-1, (cfg.ngroups, cfg.d_state))
-        A_H = -torch.exp(up(self.A_log))
+        A_H = self._A()
 
         if use_kernels:
+            dt_bias_H = self.dt_bias
+            if self.dt_scale is not None:  # the kernel forms softplus(dt + dt_bias): give it the scaled dt's preimage
+                dt_BLH, dt_bias_H = softplus_inverse(self._dt(dt_BLH)), torch.zeros_like(self.dt_bias)
             y_BLHP, ssm_state_BHPN = kernels.ssd_kernel(
                 x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN, chunk_size=cfg.chunk_size, D_H=self.D,
-                dt_bias_H=self.dt_bias, dt_limit=cfg.dt_limit, initial_state_BHPN=ssm_state_BHPN,
+                dt_bias_H=dt_bias_H, dt_limit=cfg.dt_limit, initial_state_BHPN=ssm_state_BHPN,
                 seq_idx_BL=None if resets is None else seq_idx(resets))
             y_BLI = y_BLHP.flatten(-2)
             y_BLI = kernels.gated_rmsnorm_kernel(y_BLI, z_BLI, self.norm.weight, eps=cfg.norm_eps,
@@ -122,12 +129,15 @@ class Mamba2Mixer(nn.Module):
         lo, hi = self.cfg.dt_limit
         if lo > 0.0 or hi < float("inf"):
             dt = dt.clamp(min=lo, max=hi)
-        return dt
+        return scaled(dt, self.dt_scale)
+
+    def _A(self) -> torch.Tensor:
+        return scaled(-torch.exp(up(self.A_log)), self.A_scale)
 
     def decay_rates(self) -> torch.Tensor:
         """(H, P, N): each state entry's decay rate per token at zero input, dt(0) x |A| of its head (every
         entry of a head decays alike)."""
-        rate_H = self._dt(torch.zeros_like(self.dt_bias)) * torch.exp(up(self.A_log))
+        rate_H = self._dt(torch.zeros_like(self.dt_bias)) * -self._A()
         return rate_H[:, None, None].expand(self.cfg.nheads, self.cfg.headdim, self.cfg.d_state)
 
     def step(self, u_BD: torch.Tensor, ssm_state_BHPN: torch.Tensor, conv_state_BCW: torch.Tensor):
@@ -139,7 +149,7 @@ class Mamba2Mixer(nn.Module):
         x_BI, B_BG, C_BG = self._split_xBC(F.silu(xBC_B1C.squeeze(1)))
         x_BHP = x_BI.unflatten(-1, (cfg.nheads, cfg.headdim))
         y_BHP, ssm_state_BHPN = ssd_step(
-            x_BHP, self._dt(dt_BH), -torch.exp(up(self.A_log)),
+            x_BHP, self._dt(dt_BH), self._A(),
             B_BG.unflatten(-1, (cfg.ngroups, cfg.d_state)), C_BG.unflatten(-1, (cfg.ngroups, cfg.d_state)),
             up(ssm_state_BHPN))
         y_BHP = y_BHP + up(x_BHP) * up(self.D)[:, None]
@@ -157,6 +167,7 @@ class Mamba2LM(MixerModelLM):
     mixer_cls = Mamba2Mixer
     transformers = TRANSFORMERS_FORMAT
     supports_resets = True
+    TIMESCALES = ("dt", "A", "A_log")  # recurlen.models.timescales
 
 
 __all__ = ["Mamba2LM", "Mamba2Mixer"]

@@ -1,0 +1,25 @@
+"""`recurlen eval fixes=[...] fix.NAME.KEY=VALUE` on a tiny run, end to end."""
+
+from __future__ import annotations
+
+import json
+
+from recurlen.commands import cli
+from recurlen.training.finetune import run_finetune
+
+
+def test_recurlen_eval_with_fixes_on_a_tiny_run_end_to_end(experiment, tmp_path, capsys, cli_logs):
+    run_dir = run_finetune(experiment(tmp_path / "run"))
+    out = tmp_path / "eval"
+    rc = cli.main(["eval", str(run_dir), "seq_len=128", "num_sequences=1", "tasks=[positionwise,reset]",
+                   "fixes=[mambaextend,forget_more]", "fix.mambaextend.steps=1", "fix.mambaextend.sequences=1",
+                   "fix.forget_more.sequences=1", "fix.forget_more.grid=[1,2]", "progress=false", "log_bins=0",
+                   "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert [r["label"] for r in runs] == ["run", "run+mambaextend", "run+forget_more"]
+    assert runs[1]["fix"]["config"]["steps"] == 1 and runs[2]["fix"]["config"]["grid"] == [1.0, 2.0]
+    assert "fix mambaextend on run" in err
+    rc = cli.main(["eval", str(run_dir), "fixes=[mambaextend]", "fix.mambaextend.stepz=1", "--out", str(out)])
+    assert rc == 2 and "fix mambaextend: " in capsys.readouterr().err
