@@ -89,7 +89,7 @@ def bin_position(row: dict, train_len: int) -> float:
 def comparison_data(runs: Sequence[dict]) -> dict:
     """What the comparison figure plots: per run its label, colour, and per quantity (x, y) in bin order.
 
-    {"bins": [bin names in order], "runs": [{"label", "color", "full_minus_reset": {"x", "y"},
+    {"bins": [bin names in order], "runs": [{"label", "color", "fix", "full_minus_reset": {"x", "y"},
     "loss": {"x", "y"}, "worst_past_T": max full - reset past T or None}]}; runs without position-wise bins are
     left out."""
     shown = [r for r in runs if _bins(r) and r.get("train_len")]
@@ -103,7 +103,7 @@ def comparison_data(runs: Sequence[dict]) -> dict:
         past = [r for r in rows if r["start"] >= T and r.get("full_minus_reset") is not None]
         full = [r for r in rows if r.get("loss") is not None]
         out.append({
-            "label": str(run.get("label", "run")), "color": color,
+            "label": str(run.get("label", "run")), "color": color, "fix": bool(run.get("fix")),
             "full_minus_reset": {"x": [bin_position(r, T) for r in past], "y": [r["full_minus_reset"] for r in past]},
             "loss": {"x": [bin_position(r, T) for r in full], "y": [r["loss"] for r in full]},
             "worst_past_T": max((r["full_minus_reset"] for r in past), default=None),
@@ -128,11 +128,12 @@ def plot_comparison(runs: Sequence[dict], *, flat_tol: float = FLAT_TOL) -> Figu
         worst = run["worst_past_T"]
         suffix = "" if worst is None else f"  (max past T {worst:+.2f})"
         fmr, loss = run["full_minus_reset"], run["loss"]
+        style = "--" if run["fix"] else "-"  # a training-free fix (results.json's "fix"): dashed beside the runs
         if fmr["x"]:
             ax_fmr.plot(fmr["x"], fmr["y"], marker="o", markersize=4, linewidth=2, color=run["color"],
-                        label=run["label"] + suffix)
+                        label=run["label"] + suffix, linestyle=style)
         ax_loss.plot(loss["x"], loss["y"], marker="o", markersize=4, linewidth=2, color=run["color"],
-                     label=run["label"])
+                     label=run["label"], linestyle=style)
     for ax in (ax_fmr, ax_loss):
         ax.axvline(0.5, color="0.5", linestyle=":", linewidth=1)  # the training context ends here
         ax.annotate("T", (0.5, 0.0), xycoords=("data", "axes fraction"), xytext=(2, 4), textcoords="offset points",

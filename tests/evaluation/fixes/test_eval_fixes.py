@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from recurlen.commands.report import write_report
+from recurlen.diagnostics.compare import plot_comparison
 from recurlen.evaluation.runner import EvalConfig, run_eval
 from recurlen.util.errors import UserError
 
@@ -59,6 +60,12 @@ def test_fixes_are_evaluated_beside_the_runs_and_calibrate_on_other_rows(checkpo
         assert all(b["full_minus_reset"] is not None for b in entry["positionwise"]["bins"][1:])
     on_disk = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert on_disk["config"]["fixes"] == ["mambaextend", "a_scale", "forget_more"]
+
+    # the comparison figure draws every fix as a dashed line beside the runs' solid ones
+    ax_fmr = plot_comparison(results["runs"]).axes[0]
+    styles = {line.get_label().split("  ")[0]: line.get_linestyle() for line in ax_fmr.get_lines()
+              if not line.get_label().startswith("_")}
+    assert styles == {"base": "-", "sp": "-", "base+mambaextend": "--", "base+a_scale": "--", "base+forget_more": "--"}
 
     report = write_report([tmp_path / "eval"], out_dir=tmp_path / "report").read_text()
     section = report.split("## Fixes that need no training")[1]
