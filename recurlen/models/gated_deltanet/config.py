@@ -51,14 +51,26 @@ class GatedDeltaNetConfig(FlaConfig):
     attn_mode: str = "chunk"
     """fla's kernel choice ('chunk' / 'fused_recurrent'); the same function, kept for the official config."""
     initializer_range: float = 0.02
+    clamp_min: float | None = None
+    """Lower clamp on the log decay g (None: no clamp, as fla's layer). A model-organism setting, as GLA's clamp_min:
+    at -0.01 every decay is >= 0.99 per token (memories of >= 100 tokens), however the gate input moves. Written to
+    config.json as GLA's is; fla's GatedDeltaNet layer has no clamp and ignores it there."""
+    A_init_range: tuple[float, float] | None = None
+    """None: fla's from-scratch A, uniform in (0, 16) (with dt in [0.001, 0.1], per-token decays exp(-A dt) of
+    0.2 .. 1: memories of ~1 to ~1000 tokens, most a few tokens). A range [lo, hi] with lo > 0: A log-uniform in it
+    (the Mamba-2 demo's [0.001, 0.1] gives memories of ~100 to ~10^6 tokens). Only used when training from
+    scratch."""
     chunk_size: int = 64
     """Chunk length of the pure-PyTorch scan (any value gives the same result)."""
 
     MODEL_TYPE = "gated_deltanet"
     TITLE = "a Gated DeltaNet"
-    RECURLEN_ONLY = frozenset({"chunk_size"})
+    RECURLEN_ONLY = frozenset({"chunk_size", "A_init_range"})
 
     def __post_init__(self) -> None:
+        self.check_range("A_init_range")
+        if self.A_init_range is not None and not self.A_init_range[0] > 0:
+            raise ValueError(f"model config: A_init_range must satisfy 0 < low <= high; got {self.A_init_range}")
         if self.num_v_heads is None:
             self.num_v_heads = self.num_heads
         self.check_positive_ints(("hidden_size", "num_hidden_layers", "num_heads", "num_v_heads", "head_dim",
@@ -78,6 +90,8 @@ class GatedDeltaNetConfig(FlaConfig):
                              f"{list(GATE_ACTIVATIONS)}")
         if self.attn_mode not in ("chunk", "fused_recurrent"):
             raise ValueError(f"model config: attn_mode={self.attn_mode!r}; allowed: ['chunk', 'fused_recurrent']")
+        if self.clamp_min is not None and not self.clamp_min < 0:
+            raise ValueError(f"model config: clamp_min must be null or < 0 (a log decay); got {self.clamp_min}")
         if self.use_short_conv and self.conv_size < 2:
             raise ValueError(f"model config: conv_size must be >= 2 with use_short_conv; got {self.conv_size}")
 

@@ -25,6 +25,8 @@ value dim, I MLP width, C conv channels, W conv_size - 1.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -70,9 +72,13 @@ class GatedDeltaNet(nn.Module):
 
     @torch.no_grad()
     def reset_decays(self) -> None:
-        """fla's init: A uniform in (0, 16) (stored as log A), dt log-uniform in [0.001, 0.1] (stored as
-        softplus^-1(dt), at least 1e-4)."""
-        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(0, 16).log())
+        """fla's init: A uniform in (0, 16) (stored as log A), or log-uniform in A_init_range when set; dt
+        log-uniform in [0.001, 0.1] (stored as softplus^-1(dt), at least 1e-4)."""
+        if self.cfg.A_init_range is None:
+            self.A_log.copy_(torch.empty_like(self.A_log).uniform_(0, 16).log())
+        else:
+            lo, hi = self.cfg.A_init_range
+            self.A_log.copy_(torch.empty_like(self.A_log).uniform_(math.log(lo), math.log(hi)))
         self.dt_bias.copy_(sample_dt_bias(self.cfg.num_v_heads, dt_min=0.001, dt_max=0.1, floor=1e-4))
 
     def _qkv(self, x_BLD: torch.Tensor, conv_state_BCW: torch.Tensor, resets: torch.Tensor | None = None):
@@ -96,6 +102,8 @@ class GatedDeltaNet(nn.Module):
     def _gates(self, x: torch.Tensor):
         """The log decay g (<= 0) and beta per value head, float32."""
         g = -torch.exp(up(self.A_log)) * F.softplus(up(self.a_proj(x)) + up(self.dt_bias))
+        if self.cfg.clamp_min is not None:
+            g = g.clamp(min=self.cfg.clamp_min)
         beta = torch.sigmoid(up(self.b_proj(x)))
         return g, 2 * beta if self.cfg.allow_neg_eigval else beta
 
@@ -125,7 +133,8 @@ class GatedDeltaNet(nn.Module):
         if use_kernels:
             o, kv_BHKV = kernels.chunk_gated_delta_rule(
                 q, k, v, self.a_proj(x_BLD), self.b_proj(x_BLD), A_log=self.A_log, dt_bias=self.dt_bias,
-                scale=scale, allow_neg_eigval=cfg.allow_neg_eigval, initial_state_BHKV=kv_BHKV, resets_BL=resets)
+                scale=scale, allow_neg_eigval=cfg.allow_neg_eigval, initial_state_BHKV=kv_BHKV, resets_BL=resets,
+                clamp_min=cfg.clamp_min)
         else:
             g, beta = self._gates(x_BLD)
             q, k = self._scan_inputs(q, k)

@@ -70,7 +70,8 @@ def forward_backward(model: GatedDeltaNetLM, ids: torch.Tensor, init: GatedDelta
     return logits.detach(), final.detach(), grads
 
 
-@pytest.mark.parametrize("fields", [{}, dict(num_v_heads=4, allow_neg_eigval=True)], ids=["default", "grouped"])
+@pytest.mark.parametrize("fields", [{}, dict(num_v_heads=4, allow_neg_eigval=True), dict(clamp_min=-0.002)],
+                         ids=["default", "grouped", "clamped"])
 def test_logits_state_and_every_gradient_match(close_scaled, fields):
     model = make_model(**fields)
     ids = torch.randint(0, 257, (2, LENGTH), generator=torch.Generator().manual_seed(2))

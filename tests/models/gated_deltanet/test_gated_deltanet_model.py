@@ -18,6 +18,8 @@ VARIANTS = {
     "grouped values, negative eigenvalues, sigmoid gate": dict(num_v_heads=4, allow_neg_eigval=True,
                                                                output_gate_activation="sigmoid"),
     "no short convs, no gate": dict(use_short_conv=False, use_gate=False),
+    # the demo's model-organism clamp, binding on part of the sharpened decays (g from -0.008 to -1e-4)
+    "decay clamped": dict(clamp_min=-0.002),
 }
 
 
@@ -76,6 +78,8 @@ def reference_lm(model: GatedDeltaNetLM, ids: torch.Tensor, kv0: torch.Tensor, c
             v = v.view(-1, Hv, Dv)
             beta = torch.sigmoid(x @ p[a + "b_proj.weight"].T) * (2 if cfg.allow_neg_eigval else 1)
             g = -p[a + "A_log"].exp() * F.softplus(x @ p[a + "a_proj.weight"].T + p[a + "dt_bias"])
+            if cfg.clamp_min is not None:  # recurlen's model-organism clamp (fla's layer has none)
+                g = g.clamp(min=cfg.clamp_min)
             S = torch.exp(g)[..., None, None] * kv[i]
             S = S + beta[..., None, None] * k.unsqueeze(-1) * (v - torch.einsum("bhk,bhkv->bhv", k, S)).unsqueeze(-2)
             kv[i] = S
@@ -152,6 +156,31 @@ def test_initialisation_is_fla_s():
     for block in model.model.layers:
         for lin in (block.attn.o_proj, block.mlp.down_proj, block.attn.q_proj):
             assert abs(float(lin.weight.detach().std()) - 0.02) < 0.002, lin
+
+
+def test_slow_start_and_clamp():
+    """A_init_range: A log-uniform in it, recurlen's alone (not in config.json); clamp_min: no decay below it
+    however large the gate input, written to config.json and read back as GLA's clamp_min is."""
+    torch.manual_seed(0)
+    model = GatedDeltaNetLM(GatedDeltaNetConfig(**NANO, num_v_heads=64, A_init_range=[0.001, 0.1]))
+    A = torch.cat([b.attn.A_log.exp() for b in model.model.layers]).detach()
+    assert A.min() >= 0.001 * (1 - 1e-6) and A.max() <= 0.1 * (1 + 1e-6)
+    assert (A < 0.01).float().mean().item() == pytest.approx(0.5, abs=0.15)  # log-uniform: half below the middle
+    cfg = GatedDeltaNetConfig(**NANO, A_init_range=[0.001, 0.1], clamp_min=-0.01)
+    official = cfg.to_official_json()
+    assert "A_init_range" not in official and official["clamp_min"] == -0.01
+    back = GatedDeltaNetConfig.from_official_json(official)
+    assert back.clamp_min == -0.01 and back.A_init_range is None
+    attn = GatedDeltaNetLM(cfg).model.layers[0].attn
+    with torch.no_grad():
+        attn.A_log.fill_(math.log(10.0))
+        g, _ = attn._gates(torch.randn(3, 5, 64))
+    assert float(g.min()) == pytest.approx(-0.01) and float(g.max()) == pytest.approx(-0.01)  # all bind at A = 10
+    for fields, match in (({"A_init_range": [0.0, 0.1]}, "A_init_range must satisfy 0 < low"),
+                          ({"A_init_range": [0.1, 0.01]}, r"A_init_range must be null or \[low, high\]"),
+                          ({"clamp_min": 0.0}, "clamp_min must be null or < 0")):
+        with pytest.raises(ValueError, match=match):
+            GatedDeltaNetConfig(**NANO, **fields)
 
 
 OFFICIAL_CONFIG = {
