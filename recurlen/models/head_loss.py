@@ -24,6 +24,8 @@ CHUNK_BYTES = 64 * 2**20
 """float32 logits per chunk (333 positions of a 50k vocabulary): large enough that each chunk's three products keep
 a GPU busy, small next to the 3 GiB of the whole logits at the 130m shape; also the size past which
 `trainer.chunked_loss=auto` chunks (a micro-batch whose logits fit in one chunk gains nothing)."""
+HEAD_LOSSES = ("auto", "chunked", "plain")
+"""trainer.head_loss: where a training step computes its loss without the whole logits (lit_module.head_token_loss)."""
 IGNORE_INDEX = -100  # F.cross_entropy's default: such targets score 0, as in token_loss
 
 
@@ -118,4 +120,5 @@ def chunked_token_loss(model, hidden_BLD: torch.Tensor, targets_BL: torch.Tensor
                              weights_N, rows=model.head_rows, chunk=chunk)
 
 
-__all__ = ["CHUNK_BYTES", "chunk_positions", "chunked_head_loss", "chunked_token_loss", "logits_exceed_one_chunk"]
+__all__ = ["CHUNK_BYTES", "HEAD_LOSSES", "chunk_positions", "chunked_head_loss", "chunked_token_loss",
+           "logits_exceed_one_chunk"]

@@ -296,7 +296,8 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
     while True:
         module = RecurlenModule(model, intervention=cfg.intervention, optim=cfg.optim, seed=cfg.seed,
                                 train_seq_len=cfg.data.seq_len, tokenizer=cfg.data.tokenizer,
-                                total_steps=cfg.trainer.max_steps, hparams=resolved)
+                                total_steps=cfg.trainer.max_steps, hparams=resolved,
+                                head_loss=cfg.trainer.head_loss, compile=cfg.trainer.compile)
         health, watch = StepHealth(), RankWatch(run.path)
         trainer = build_trainer(cfg, run, [*guard, health, watch, *extra, *diagnostics_callbacks(cfg, datamodule),
                                            *callbacks])

@@ -20,13 +20,15 @@ import torch
 import torch.nn.functional as F
 
 from recurlen.models import registry
+from recurlen.models.head_loss import HEAD_LOSSES, chunked_token_loss, logits_exceed_one_chunk
 from recurlen.models.interface import RecurrentLM
 from recurlen.models.state import LayeredState
+from recurlen.training.compile import CompiledForward
 from recurlen.training.interventions import InterventionConfig, build_intervention, legacy_state
 from recurlen.training.optim import OptimConfig, build_optimizer, lr_multiplier
 from recurlen.training.run_dir import RUN_META_KEY
 from recurlen.training.stateful import Ranks
-from recurlen.util.errors import NonFinite
+from recurlen.util.errors import NonFinite, UserError
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +43,39 @@ def token_loss(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, mask_BL: torc
     return (nll * mask).sum() / mask.sum().clamp_min(1.0)
 
 
+def check_head_loss(model: RecurrentLM, mode: str) -> None:
+    if mode not in HEAD_LOSSES:
+        raise UserError(f"trainer.head_loss={mode!r} is unknown; allowed: {list(HEAD_LOSSES)}")
+    if mode == "chunked" and not hasattr(model, "head_rows"):
+        raise UserError(f"trainer.head_loss=chunked needs recurlen's LM shell (its lm_head); {type(model).__name__} "
+                        "has none: use trainer.head_loss=plain")
+
+
+def head_token_loss(model: RecurrentLM, hidden_BLD: torch.Tensor, targets_BL: torch.Tensor,
+                    mask_BL: torch.Tensor | None, *, mode: str = "auto") -> torch.Tensor:
+    """token_loss of the model's logits. 'chunked' computes it without the whole logits (recurlen.models.head_loss:
+    the same loss and gradients up to float rounding); 'auto' does so where the micro-batch's float32 logits exceed one
+    chunk (64 MiB: 8 x 2048 tokens of a 50k vocabulary are 3.1 GiB; the demo's 64 x 32 x 257 are 2 MiB and keep the
+    plain path, so its numbers do not move)."""
+    if chunks_head_loss(model, targets_BL.numel(), mode):
+        return chunked_token_loss(model, hidden_BLD, targets_BL, mask_BL)
+    return token_loss(model.logits_from_hidden(hidden_BLD), targets_BL, mask_BL)
+
+
+def chunks_head_loss(model: RecurrentLM, positions: int, mode: str) -> bool:
+    rows = getattr(model, "head_rows", None)
+    return mode == "chunked" or (mode == "auto" and rows is not None and logits_exceed_one_chunk(positions, rows))
+
+
 class RecurlenModule(L.LightningModule):
     def __init__(self, model: RecurrentLM, *, intervention: InterventionConfig, optim: OptimConfig, seed: int,
-                 train_seq_len: int, tokenizer: str, total_steps: int, hparams: dict | None = None) -> None:
+                 train_seq_len: int, tokenizer: str, total_steps: int, hparams: dict | None = None,
+                 head_loss: str = "auto", compile: bool = False) -> None:
         super().__init__()
         self.model = model
+        check_head_loss(model, head_loss)
+        self.head_loss = head_loss
+        self.compiled = CompiledForward(self._forward_loss, what=type(model).__name__) if compile else None
         self.intervention = build_intervention(intervention, seed=seed, zero_state=model.zero_state(1, device="cpu"))
         self.intervention.bind(model)  # before a strategy wraps or shards it
         self.optim_cfg = optim
@@ -81,8 +111,8 @@ class RecurlenModule(L.LightningModule):
                                                lanes_B=lanes_B, new_stream_B=batch["new_stream"],
                                                step=int(batch["step"]), rank=self.global_rank,
                                                segment_B=batch.get("segment"))
-        hidden, final = self.model.forward_hidden(input_ids, init)
-        loss = token_loss(self.model.logits_from_hidden(hidden), targets, batch.get("loss_mask"))
+        run = self._forward_loss if self.compiled is None else self.compiled
+        loss, final = run(input_ids, init, targets, batch.get("loss_mask"))
         self._check_finite(loss, final)
         self.intervention.observe(final, lanes_B, step=int(batch["step"]))
         batch_size = input_ids.shape[0]
@@ -91,6 +121,11 @@ class RecurlenModule(L.LightningModule):
         for name, value in self.intervention.scalars().items():
             self.log(f"train/{name}", value, batch_size=batch_size)
         return loss
+
+    def _forward_loss(self, input_ids: torch.Tensor, init: LayeredState, targets: torch.Tensor,
+                      mask: torch.Tensor | None) -> tuple[torch.Tensor, LayeredState]:
+        hidden, final = self.model.forward_hidden(input_ids, init)
+        return head_token_loss(self.model, hidden, targets, mask, mode=self.head_loss), final
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         if self._t_last is None:
@@ -166,8 +201,13 @@ class RecurlenModule(L.LightningModule):
             group.update(lr=rate, initial_lr=cfg.lr, weight_decay=wd, betas=tuple(cfg.betas), eps=cfg.eps)
 
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        logits, _ = self.model(batch["input_ids"])  # in-context loss from a zero state
-        loss = token_loss(logits, batch["targets"], batch.get("loss_mask"))
+        # In-context loss from a zero state
+        if chunks_head_loss(self.model, batch["targets"].numel(), self.head_loss):
+            hidden, _ = self.model.forward_hidden(batch["input_ids"])
+            loss = chunked_token_loss(self.model, hidden, batch["targets"], batch.get("loss_mask"))
+        else:
+            logits, _ = self.model(batch["input_ids"])
+            loss = token_loss(logits, batch["targets"], batch.get("loss_mask"))
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch["input_ids"].shape[0])
         return loss
 

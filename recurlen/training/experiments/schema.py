@@ -7,6 +7,7 @@ from typing import Any
 
 from recurlen.models import registry
 from recurlen.models.backends import BACKENDS
+from recurlen.models.head_loss import HEAD_LOSSES
 from recurlen.training.data.config import DataConfig
 from recurlen.training.interventions import INTERVENTIONS, InterventionConfig
 from recurlen.training.loggers import check_logger_names
@@ -100,6 +101,14 @@ class TrainerSection:
     skip the batches that diverged; each rollback is recorded in config_history.yaml)."""
     max_rollbacks: int = 3
     """With on_nonfinite=rollback: stop after this many rollbacks in one invocation."""
+    head_loss: str = "auto"
+    """The LM head's cross-entropy: 'plain' (the whole float32 logits of a micro-batch, then the loss), 'chunked' (64
+    MiB of logits at a time, the gradients made in the same pass: the whole logits never exist; same loss and gradients
+    up to float rounding), or 'auto' (chunked where a micro-batch's logits exceed 64 MiB, as 8 x 2048 tokens of a 50k
+    vocabulary do; the CPU demos' tiny batches keep the plain path). docs/benchmarks.md has the measured memory."""
+    compile: bool = False
+    """torch.compile the training step's forward and loss (a model it cannot compile trains eagerly, with one warning
+    line). Off by default: docs/benchmarks.md has compile against eager on CPU."""
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "accumulate_grad_batches", "num_nodes", "limit_val_batches", "log_every_n_steps"):
@@ -113,6 +122,8 @@ class TrainerSection:
             raise ValueError(f"trainer.on_nonfinite={self.on_nonfinite!r} is unknown; allowed: {list(ON_NONFINITE)}")
         if self.max_rollbacks < 0:
             raise ValueError(f"trainer.max_rollbacks must be >= 0; got {self.max_rollbacks}")
+        if self.head_loss not in HEAD_LOSSES:
+            raise ValueError(f"trainer.head_loss={self.head_loss!r} is unknown; allowed: {list(HEAD_LOSSES)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"trainer.precision={self.precision!r} is unknown; allowed: {list(PRECISIONS)}")
         if self.strategy not in STRATEGIES:
