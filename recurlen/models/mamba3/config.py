@@ -13,6 +13,7 @@ from typing import Any
 
 from recurlen.models.config import ModelConfig, padded
 from recurlen.models.mixer_model import mixer_model_json, read_mixer_model_json
+from recurlen.util.errors import UserError
 
 LAYER = "Mamba3"
 MIXER_NORM_EPS = 1e-5
@@ -49,6 +50,11 @@ class Mamba3Config(ModelConfig):
     """Smallest initial dt."""
     A_floor: float = 1e-4
     """A = -softplus(dd_A) is clamped to at most -A_floor: every head decays at least this much per unit dt."""
+    log_decay_min: float | None = None
+    """Lower clamp on A x dt, the log of each token's decay (None: none, as mamba-ssm). recurlen's, not mamba-ssm's:
+    a model organism whose memories cannot become shorter than -1 / log_decay_min tokens (the Mamba-3 demo's base,
+    as GLA's clamp_min is for GLA); mamba-ssm's Mamba3 has no such clamp, so the official export refuses a model
+    with one."""
     is_outproj_norm: bool = False
     """Gated RMSNorm (per head, norm before the gate) before out_proj instead of the plain silu(z) gate."""
     is_mimo: bool = False
@@ -79,6 +85,9 @@ class Mamba3Config(ModelConfig):
             raise ValueError(f"model config: need 0 < dt_min <= dt_max; got {self.dt_min}, {self.dt_max}")
         if not self.A_floor > 0:
             raise ValueError(f"model config: A_floor must be > 0; got {self.A_floor}")
+        if self.log_decay_min is not None and not self.log_decay_min < 0:
+            raise ValueError(f"model config: log_decay_min must be < 0 (a decay per token below 1) or null; got "
+                             f"{self.log_decay_min}")
         if self.d_inner % self.headdim != 0:
             raise ValueError(f"model config: d_inner = expand*d_model = {self.d_inner} must be divisible by "
                              f"headdim={self.headdim}")
@@ -126,6 +135,10 @@ class Mamba3Config(ModelConfig):
 
     def to_official_json(self) -> dict[str, Any]:
         """mamba-ssm's language-model config.json with `ssm_cfg.layer: Mamba3` (its Mamba3 constructor's names)."""
+        if self.log_decay_min is not None:
+            raise UserError(f"model config: log_decay_min={self.log_decay_min} clamps the decay, which mamba-ssm's "
+                            "Mamba3 cannot express: the official format would compute another model; export a "
+                            "Mamba-3 trained without the clamp (log_decay_min: null)")
         return mixer_model_json(self, {"layer": LAYER, **{k: getattr(self, k) for k in self._SSM_KEYS}},
                                 hybrid_keys=True)
 

@@ -97,7 +97,10 @@ class Mamba3Mixer(nn.Module):
         C = self.C_norm(C.unflatten(-1, (cfg.ngroups, cfg.d_state)))
         angles = angles.unsqueeze(-2).expand(*angles.shape[:-1], cfg.nheads, cfg.num_rope_angles)
         x = x.unflatten(-1, (cfg.nheads, cfg.headdim))
-        return z, x, B, C, A * dt, dt, trap, angles
+        adt = A * dt
+        if cfg.log_decay_min is not None:  # the model organism's clamp (config.log_decay_min): no gradient below it
+            adt = adt.clamp(min=cfg.log_decay_min)
+        return z, x, B, C, adt, dt, trap, angles
 
     def _output(self, y_xHP: torch.Tensor, z_xI: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The gate (norm) and out_proj on y, which already has the D skip (and silu(z) unless is_outproj_norm)."""

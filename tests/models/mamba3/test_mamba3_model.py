@@ -166,3 +166,34 @@ def test_what_each_part_carries_across_a_cut():
         assert torch.equal(state.recurrent_only().angle, state.angle)
         kept, lost = (scaled(after(s)[:, 1:], full[:, cut + 1:]) for s in (state.recurrent_only(), frameless))
         assert kept < lost / 5, (kept, lost)
+
+
+def test_log_decay_min_bounds_every_tokens_decay_and_is_refused_by_the_official_export(tmp_path):
+    """The model organism's clamp (log_decay_min): A dt never goes below it, on the chunked path and in step(),
+    which agree with it on; a clamped model has no mamba-ssm counterpart, so the official export refuses it."""
+    from recurlen.util.errors import UserError
+
+    free, clamped = make(), make(log_decay_min=-0.02)
+    with torch.no_grad():  # larger dd_A / dd_dt rows, so that many tokens decay faster than the clamp allows
+        for model in (free, clamped):
+            for block in model.backbone.layers:
+                block.mixer.in_proj.weight.mul_(4.0)
+    u = torch.randn(2, 23, SHAPE["d_model"])
+    with torch.no_grad():
+        adt_free = free.backbone.layers[0].mixer._inputs(u)[4]
+        adt = clamped.backbone.layers[0].mixer._inputs(u)[4]
+    assert (adt_free < -0.02).float().mean() > 0.1  # the clamp has work to do
+    assert adt.min().item() == pytest.approx(-0.02) and torch.equal(adt, adt_free.clamp(min=-0.02))
+    x, init = ids(2, 19), random_state(clamped, 2)
+    with torch.no_grad():
+        whole, _ = clamped(x, init)
+        state, outs = init, []
+        for t in range(19):
+            out, state = clamped.step(x[:, t], state)
+            outs.append(out)
+        assert scaled(torch.stack(outs, 1), whole) < 1e-5
+        assert scaled(free(x, init)[0], whole) > 1e-3  # the clamp changes the model
+    with pytest.raises(UserError, match="log_decay_min=-0.02 .*mamba-ssm's Mamba3 cannot express"):
+        clamped.save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="log_decay_min must be < 0"):
+        Mamba3Config(log_decay_min=0.0)
