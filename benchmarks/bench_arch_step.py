@@ -9,9 +9,11 @@ The architecture, its model class and its tiny shape come from the registry (rec
 takes any of its names (default: the architectures without a benchmark script of their own, ARCHS). Shapes:
   tiny   the model table's `<arch>-tiny` row, batch 8 x 512;
   large  LARGE[arch] on top of the tiny row, batch 1 x 512: Mamba-3 at Mamba-2 130m's width (d_model 768,
-         24 layers, d_state 128, headdim 64, vocabulary 50277), Gated DeltaNet at fla's 340M config (hidden
-         1024, 24 layers, 4 heads of 256 keys x 512 values, MLP ratio 4, vocabulary 32000); neither has a
-         released checkpoint in the model table. An architecture not in LARGE uses its smallest official row.
+         24 layers, d_state 128, headdim 64, vocabulary 50277), Gated DeltaNet at fla's 340M config
+         (flame's configs/gated_deltanet_340M.json: hidden 1024, 21 layers, 6 heads of 256 keys x 512 values,
+         MLP ratio 4, fla's default vocabulary 32000), which holds 512.3 M parameters (446.7 M without the
+         embedding and the head): fla's name is the config's, not its count; neither has a released checkpoint in
+         the model table. An architecture not in LARGE uses its smallest official row.
 One step = forward + next-token cross-entropy + backward + AdamW (fused) step, float32, backend='torch'.
 
 Model FLOPs per token are counted, not derived per architecture: one forward + backward of the same batch runs
@@ -49,8 +51,11 @@ LARGE = {
     # arch: (name of the shape, fields over the tiny row)
     "mamba3": ("130m-like", dict(d_model=768, n_layer=24, d_state=128, headdim=64, expand=2, vocab_size=50277,
                                  pad_vocab_size_multiple=16)),
-    "gated_deltanet": ("340m-like", dict(hidden_size=1024, num_hidden_layers=24, num_heads=4, head_dim=256,
-                                         expand_v=2.0, hidden_ratio=4, intermediate_size=None, vocab_size=32000)),
+    # fla's 340M config as flame writes it (512.3 M parameters; the shape named 340m-like before, 24 layers of 4
+    # heads, held 475.1 M)
+    "gated_deltanet": ("fla-340M-config", dict(hidden_size=1024, num_hidden_layers=21, num_heads=6, head_dim=256,
+                                               expand_v=2.0, hidden_ratio=4, intermediate_size=None,
+                                               vocab_size=32000)),
 }
 SHAPES = {"tiny": (8, 512, 512), "large": (1, 512, 128)}  # shape: (batch, length, --quick length)
 NO_PEER = {"mamba3": "no CPU peer: mamba-ssm's Mamba-3 (mamba3_siso_combined) is Triton only"}
@@ -110,8 +115,8 @@ def bench_shape(arch, shape: str, args: argparse.Namespace, peak: _common.Matmul
 # ---------------------------------------------------------------------------------- Gated DeltaNet's scan peers
 def gdn_scan_peers(args: argparse.Namespace, peak: _common.MatmulPeak) -> dict | None:
     """recurlen's chunked scan vs fla's naive recurrent and chunked forms, forward + backward, interleaved, at one
-    340m-like layer (batch 1 x 512, --quick 1 x 128: fla's recurrence loops over tokens, ~0.1 s each forward +
-    backward at this width; 4 heads of 256 x 512); None without fla-core."""
+    layer of fla's 340M config (batch 1 x 512, --quick 1 x 128: fla's recurrence loops over tokens, ~0.1 s each
+    forward + backward at this width; 6 heads of 256 x 512); None without fla-core."""
     try:
         from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
     except Exception as err:  # fla-core is optional (make test-kernels and make bench install it)
@@ -119,7 +124,7 @@ def gdn_scan_peers(args: argparse.Namespace, peak: _common.MatmulPeak) -> dict |
         return None
     from recurlen.models.gated_deltanet.scan import gated_delta_chunked
 
-    batch, length, heads, dk, dv, chunk = 1, args.peer_length or (128 if args.quick else 512), 4, 256, 512, 64
+    batch, length, heads, dk, dv, chunk = 1, args.peer_length or (128 if args.quick else 512), 6, 256, 512, 64
     gen = torch.Generator().manual_seed(args.seed)
     q, k = (torch.nn.functional.normalize(torch.randn(batch, length, heads, dk, generator=gen), dim=-1)
             for _ in range(2))  # L2-normalised, as the layer feeds them
