@@ -100,12 +100,13 @@ class EvalConfig:
     num_threads: int | None = None
     """torch threads on CPU; None leaves torch's default."""
     fixes: list[str] = field(default_factory=list)
-    """Training-free fixes evaluated beside the runs, each on a fresh copy of the run fix_base names and labelled
-    BASE+NAME: any of recurlen.evaluation.fixes (mambaextend, a_scale, forget_more)."""
+    """Training-free fixes evaluated beside the runs, each on a fresh copy of the run fix_base names: NAME, or
+    KEY=NAME to have one fix twice with other settings (fix.KEY.*), NAME any of recurlen.evaluation.fixes
+    (mambaextend, a_scale, forget_more); labelled BASE+KEY (the KEY of a bare NAME is NAME)."""
     fix_base: str | None = None
     """Label of the run the fixes are applied to. None: the first checkpoint."""
     fix: dict[str, Any] = field(default_factory=dict)
-    """Each fix's settings, fix.NAME.KEY=VALUE (e.g. fix.mambaextend.steps=40); `recurlen eval` lists them."""
+    """Each fix's settings by its key, fix.KEY.SETTING=VALUE (e.g. fix.mambaextend.steps=40)."""
 
     def __post_init__(self) -> None:
         self.checkpoints = [str(c) for c in self.checkpoints]  # omegaconf ListConfig -> list
@@ -143,24 +144,30 @@ class EvalConfig:
         self.fix = {str(k): dict(v or {}) for k, v in dict(self.fix).items()}
         if self.fix_base is not None and self.fix_base not in labels:
             raise ValueError(f"eval: fix_base={self.fix_base!r} is not a checkpoint's label; labels: {labels}")
-        if len(set(self.fixes)) != len(self.fixes):
-            raise ValueError(f"eval: fixes repeat: {self.fixes}")
-        stray = sorted(set(self.fix) - set(self.fixes))
+        keys = [key for key, _ in self.fix_keys()]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"eval: fixes repeat a key: {self.fixes} (write KEY=NAME to give one fix twice)")
+        stray = sorted(set(self.fix) - set(keys))
         if stray:
             raise ValueError(f"eval: settings for fixes {stray} that are not in fixes={self.fixes}")
         self.fix_configs()  # unknown fixes and settings fail here, before anything loads
 
-    def fix_configs(self) -> list[tuple[fix_table.Fix, Any]]:
-        """[(fix, its typed settings)] in the order of `fixes`."""
+    def fix_keys(self) -> list[tuple[str, str]]:
+        """[(key, fix name)] of `fixes`: KEY=NAME, or NAME as its own key."""
+        return [(spec.partition("=")[0], spec.partition("=")[2]) if "=" in spec else (spec, spec)
+                for spec in self.fixes]
+
+    def fix_configs(self) -> list[tuple[str, fix_table.Fix, Any]]:
+        """[(key, fix, its typed settings)] in the order of `fixes`."""
         out = []
-        for name in self.fixes:
+        for key, name in self.fix_keys():
             fix = fix_table.get(name)
-            out.append((fix, fix.make_config(self.fix.get(name))))
+            out.append((key, fix, fix.make_config(self.fix.get(key))))
         return out
 
     def calibration_rows(self) -> int:
         """Held-out sequences the fixes' calibrations need beside the evaluation's (the most any one needs)."""
-        return max([getattr(cfg, "sequences", 0) for _, cfg in self.fix_configs()], default=0)
+        return max([getattr(cfg, "sequences", 0) for _, _, cfg in self.fix_configs()], default=0)
 
     def scored_rows(self) -> int:
         """Held-out sequences the evaluation scores (the first ones); calibration takes the ones after."""
@@ -280,11 +287,11 @@ def _evaluate_fixes(cfg: EvalConfig, sequences, *, device: torch.device) -> list
     base = cfg.fix_base or next(iter(labelled))
     rest = sequences[cfg.scored_rows():]
     entries = []
-    for fix, fix_cfg in cfg.fix_configs():
+    for key, fix, fix_cfg in cfg.fix_configs():
         loaded = load_model(_checkpoint_of(labelled[base]), backend=cfg.backend, device=device)
         train_len = cfg.train_len or loaded.train_seq_len
         if train_len is None:
-            raise UserError(f"eval [{base}+{fix.name}]: {labelled[base]} does not record its training context; set "
+            raise UserError(f"eval [{base}+{key}]: {labelled[base]} does not record its training context; set "
                             "train_len= (EvalConfig.train_len)")
         fix.check_model(loaded.model)
         calibration = None
@@ -296,11 +303,11 @@ def _evaluate_fixes(cfg: EvalConfig, sequences, *, device: torch.device) -> list
         started = time.perf_counter()
         record = fix.apply(loaded.model, fix_cfg, calibration=calibration, train_len=train_len)
         seconds = time.perf_counter() - started
-        label = f"{base}+{fix.name}"
-        log.info("fix %s on %s: %s in %.1f s", fix.name, base, record.values, seconds)
+        label = f"{base}+{key}"
+        log.info("fix %s (%s) on %s: %s in %.1f s", key, fix.name, base, record.values, seconds)
         entry = evaluate_model(loaded.model, sequences, cfg=cfg, train_len=train_len, label=label,
                                source=loaded.source, device=device)
-        entry["fix"] = {**record.to_dict(), "base": base, "seconds": seconds}
+        entry["fix"] = {**record.to_dict(), "key": key, "base": base, "seconds": seconds}
         log.info("%s", _summary_line(entry))
         entries.append(entry)
         del loaded

@@ -75,6 +75,18 @@ def test_fixes_are_evaluated_beside_the_runs_and_calibrate_on_other_rows(checkpo
     assert "memory cap" in section
 
 
+def test_one_fix_twice_under_two_keys_with_their_own_settings(checkpoints, tmp_path):
+    seqs = torch.randint(0, 257, (3, 256), generator=torch.Generator().manual_seed(5))
+    cfg = small_cfg(checkpoints, tmp_path, checkpoints=[f"base={checkpoints['base']}"], fix_base="base",
+                    fixes=["forget_more", "cap2=forget_more"],
+                    fix={"forget_more": {"grid": [1, 4], "sequences": 1}, "cap2": {"memory": 2.0}})
+    runs = run_eval(cfg, seqs)["runs"]
+    assert [r["label"] for r in runs] == ["base", "base+forget_more", "base+cap2"]
+    assert runs[2]["fix"]["key"] == "cap2" and runs[2]["fix"]["name"] == "forget_more"
+    assert runs[2]["fix"]["values"]["memory_T"] == 2.0 and runs[2]["fix"]["calibration"] is None
+    assert runs[1]["fix"]["calibration"]["grid"] == [1.0, 4.0]
+
+
 def test_fix_settings_are_checked_before_anything_loads(checkpoints, tmp_path):
     with pytest.raises(UserError, match="unknown fix 'mambaextnd'"):
         small_cfg(checkpoints, tmp_path, fixes=["mambaextnd"], fix={})
@@ -82,5 +94,7 @@ def test_fix_settings_are_checked_before_anything_loads(checkpoints, tmp_path):
         small_cfg(checkpoints, tmp_path, fixes=["a_scale"], fix={"a_scale": {"stepz": 1}})
     with pytest.raises(ValueError, match=r"settings for fixes \['forget_more'\] that are not in fixes"):
         small_cfg(checkpoints, tmp_path, fixes=["a_scale"], fix={"forget_more": {}})
+    with pytest.raises(ValueError, match="fixes repeat a key"):
+        small_cfg(checkpoints, tmp_path, fixes=["a_scale", "a_scale=mambaextend"], fix={})
     with pytest.raises(ValueError, match="fix_base='nope' is not a checkpoint's label"):
         small_cfg(checkpoints, tmp_path, fix_base="nope")
