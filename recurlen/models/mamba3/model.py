@@ -32,6 +32,7 @@ from recurlen.models.mamba3.scan import mamba3_chunked, mamba3_step
 from recurlen.models.mamba3.state import Mamba3State
 from recurlen.models.mixer_model import MixerModelLM
 from recurlen.models.official import WEIGHTS_NAME, OfficialFormat
+from recurlen.models.timescales import scaled
 
 # mamba-ssm 2.3.2's MambaLMHeadModel builds Mamba1 and Mamba2 layers only; its Mamba3 module reads a layer's
 # mixer.* weights as they are written here.
@@ -73,6 +74,9 @@ class Mamba3Mixer(nn.Module):
         self.out_proj = nn.Linear(cfg.d_inner, cfg.d_model, bias=False)
         for p in (self.dt_bias, self.D):
             p._no_weight_decay = True
+        # Scales of dt and A per layer set by training-free fixes (recurlen.models.timescales); None: as trained.
+        self.dt_scale: torch.Tensor | None = None
+        self.A_scale: torch.Tensor | None = None
         self.reset_ssm_parameters()
 
     @torch.no_grad()
@@ -91,8 +95,8 @@ class Mamba3Mixer(nn.Module):
         z, x, B, C, dd_dt, dd_A, trap, angles = torch.split(
             self.in_proj(u), [cfg.d_inner, cfg.d_inner, gn, gn, cfg.nheads, cfg.nheads, cfg.nheads,
                               cfg.num_rope_angles], dim=-1)
-        A = torch.clamp(-F.softplus(up(dd_A)), max=-cfg.A_floor)
-        dt = F.softplus(up(dd_dt) + up(self.dt_bias))
+        A = scaled(torch.clamp(-F.softplus(up(dd_A)), max=-cfg.A_floor), self.A_scale)
+        dt = scaled(F.softplus(up(dd_dt) + up(self.dt_bias)), self.dt_scale)
         B = self.B_norm(B.unflatten(-1, (cfg.ngroups, cfg.d_state)))
         C = self.C_norm(C.unflatten(-1, (cfg.ngroups, cfg.d_state)))
         angles = angles.unsqueeze(-2).expand(*angles.shape[:-1], cfg.nheads, cfg.num_rope_angles)
@@ -146,6 +150,7 @@ class Mamba3LM(MixerModelLM):
     kernels = KERNELS
     mixer_cls = Mamba3Mixer
     official = MAMBA3_FORMAT
+    TIMESCALES = ("dt", "A")  # recurlen.models.timescales; its A comes from the input, so no A_log to fold into
     supports_resets = True
 
     def state_decays(self) -> dict[str, torch.Tensor]:

@@ -129,6 +129,10 @@ def test_a_fix_applies_to_the_architectures_the_registry_says_and_refuses_others
         assert offered == [a for a, entry in registry.architectures().items()
                            if set(fix.needs) <= set(timescales.knobs(entry.model_cls))]
         assert {"mamba2", "mamba1"} <= set(offered), name
+    assert "mamba3" in FIXES["mambaextend"].architectures() and "mamba3" in FIXES["a_scale"].architectures()
+    with pytest.raises(UserError, match=r"fix forget_more does not apply to Mamba-3 \(mamba3\): it scales A_log"):
+        get("forget_more").apply(nano_model("mamba3"), get("forget_more").make_config({}), calibration=None,
+                                 train_len=T)
     gla = nano_model("gla")
     for name in FIXES:
         with pytest.raises(UserError, match=rf"fix {name} does not apply to GLA \(gla\)"):
