@@ -113,7 +113,7 @@ def test_bad_results_files_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match=r"passkey result lacks \['lengths', 'depths', 'accuracy'\]"):
         read_results([tmp_path / "y.json"])
     (tmp_path / "z.json").write_text(json.dumps({"format": "recurlen.tasks.sudoku/1", "task": "sudoku"}))
-    with pytest.raises(ValueError, match=r"task='sudoku'; known tasks: \['passkey', 'babilong', 'copying'\]"):
+    with pytest.raises(ValueError, match=r"task='sudoku'; known tasks: \['passkey', 'babilong', 'copying', 'niah'\]"):
         read_results([tmp_path / "z.json"])
     with pytest.raises(FileNotFoundError, match="no results.json"):
         read_results([tmp_path / "missing"])
