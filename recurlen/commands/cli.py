@@ -231,6 +231,17 @@ def _eval_inputs(w: Words):
     return cfg, data, resolved
 
 
+def _fix_plan(cfg) -> list[str]:
+    """The dry run's line on the training-free fixes: each with its settings and the run it is applied to."""
+    if not cfg.fixes:
+        return []
+    base = cfg.fix_base or cfg.labelled_checkpoints()[0][0]
+    shown = [f"{key} ({fix.name}: {', '.join(f'{k}={v}' for k, v in vars(c).items())})"
+             for key, fix, c in cfg.fix_configs()]
+    return [f"  fixes on {base:6s} {'; '.join(shown)}, calibrated on {cfg.calibration_rows()} held-out sequence(s) "
+            f"after the {cfg.scored_rows()} scored"]
+
+
 def cmd_eval(w: Words) -> int:
     cfg, data, resolved = _eval_inputs(w)
     if w.dry_run:
@@ -240,7 +251,7 @@ def cmd_eval(w: Words) -> int:
             held_out = describe_data(data)
         return _dry(["recurlen eval: plan", *resolved,
                      f"  held-out       {cfg.num_sequences} sequences of {cfg.seq_len or data.long_val_length} tokens "
-                     f"from {held_out}", f"  tasks          {', '.join(cfg.tasks)}",
+                     f"from {held_out}", f"  tasks          {', '.join(cfg.tasks)}", *_fix_plan(cfg),
                      f"  output         {cfg.output_dir}"])
     from recurlen.evaluation.heldout import evaluate_checkpoints
 

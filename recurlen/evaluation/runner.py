@@ -167,7 +167,7 @@ class EvalConfig:
 
     def calibration_rows(self) -> int:
         """Held-out sequences the fixes' calibrations need beside the evaluation's (the most any one needs)."""
-        return max([getattr(cfg, "sequences", 0) for _, _, cfg in self.fix_configs()], default=0)
+        return max([cfg.rows_needed() for _, _, cfg in self.fix_configs()], default=0)
 
     def scored_rows(self) -> int:
         """Held-out sequences the evaluation scores (the first ones); calibration takes the ones after."""
@@ -295,8 +295,8 @@ def _evaluate_fixes(cfg: EvalConfig, sequences, *, device: torch.device) -> list
                             "train_len= (EvalConfig.train_len)")
         fix.check_model(loaded.model)
         calibration = None
-        if getattr(fix_cfg, "sequences", 0) and len(rest) >= fix_cfg.sequences:
-            length = getattr(fix_cfg, "length", None) or cfg.seq_len or available_length(rest, fix_cfg.sequences)
+        if fix_cfg.rows_needed() and len(rest) >= fix_cfg.rows_needed():
+            length = fix_cfg.length or cfg.seq_len or available_length(rest, fix_cfg.sequences)
             with user_input():
                 calibration = select_sequences(rest, length=length, num=fix_cfg.sequences,
                                                what=f"fix {fix.name} calibration")

@@ -42,6 +42,10 @@ class CalibrationData:
         if self.length is not None and self.length < 2:
             raise ValueError(f"length must be >= 2 tokens or None; got {self.length}")
 
+    def rows_needed(self) -> int:
+        """Held-out sequences this calibration reads (0 when the settings leave nothing to calibrate)."""
+        return self.sequences
+
 
 @dataclass
 class CalibrationConfig(CalibrationData):
@@ -60,6 +64,9 @@ class CalibrationConfig(CalibrationData):
             raise ValueError(f"method must be spsa or backprop; got {self.method!r}")
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0; got {self.steps}")
+
+    def rows_needed(self) -> int:
+        return self.sequences if self.steps else 0
 
 
 @dataclass

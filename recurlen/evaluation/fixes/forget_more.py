@@ -38,6 +38,9 @@ class ForgetMoreConfig(CalibrationData):
         if (self.memory is not None and self.memory <= 0) or not self.grid or min(self.grid) <= 0:
             raise ValueError(f"memory and the grid's values must be > 0; got {self.memory}, {self.grid}")
 
+    def rows_needed(self) -> int:
+        return 0 if self.memory is not None else self.sequences
+
 
 def entry_rates(mixer: torch.nn.Module) -> torch.Tensor:
     """Each A_log entry's decay rate per token at zero input (decay_rates() is A_log's shape, then shared dims)."""

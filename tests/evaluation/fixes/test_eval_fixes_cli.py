@@ -5,7 +5,20 @@ from __future__ import annotations
 import json
 
 from recurlen.commands import cli
+from recurlen.models import registry
 from recurlen.training.finetune import run_finetune
+
+
+def test_the_dry_run_names_each_fix_its_settings_and_the_rows_it_calibrates_on(capsys, tmp_path):
+    ckpt = tmp_path / "base"
+    registry.get("mamba2").build(registry.get("mamba2").preset("nano")).save_pretrained(str(ckpt))
+    rc = cli.main(["eval", f"base={ckpt}", "train_len=32", "num_sequences=3", "fixes=[mambaextend,cap=forget_more]",
+                   "fix.cap.memory=2", "fix.mambaextend.sequences=2", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    line = next(ln for ln in out.splitlines() if ln.startswith("  fixes on base"))
+    assert "mambaextend (mambaextend: sequences=2," in line and "cap (forget_more: " in line and "memory=2.0" in line
+    assert line.endswith("calibrated on 2 held-out sequence(s) after the 3 scored")
 
 
 def test_recurlen_eval_with_fixes_on_a_tiny_run_end_to_end(experiment, tmp_path, capsys, cli_logs):
