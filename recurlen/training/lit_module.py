@@ -112,7 +112,12 @@ class RecurlenModule(L.LightningModule):
                                                step=int(batch["step"]), rank=self.global_rank,
                                                segment_B=batch.get("segment"))
         run = self._forward_loss if self.compiled is None else self.compiled
-        loss, final = run(input_ids, init, targets, batch.get("loss_mask"))
+        resets = batch.get("resets")  # data.layout=packed: where a document starts inside the row
+        if resets is not None:
+            # Column 0 is the intervention's (new_stream): it chose the row's initial state; the model resets after.
+            resets = resets.clone()
+            resets[:, 0] = False
+        loss, final = run(input_ids, init, targets, batch.get("loss_mask"), *(() if resets is None else (resets,)))
         self._check_finite(loss, final)
         self.intervention.observe(final, lanes_B, step=int(batch["step"]))
         batch_size = input_ids.shape[0]
@@ -123,8 +128,10 @@ class RecurlenModule(L.LightningModule):
         return loss
 
     def _forward_loss(self, input_ids: torch.Tensor, init: LayeredState, targets: torch.Tensor,
-                      mask: torch.Tensor | None) -> tuple[torch.Tensor, LayeredState]:
-        hidden, final = self.model.forward_hidden(input_ids, init)
+                      mask: torch.Tensor | None,
+                      resets: torch.Tensor | None = None) -> tuple[torch.Tensor, LayeredState]:
+        # A model is given resets only with packed rows (an architecture without them keeps its signature).
+        hidden, final = self.model.forward_hidden(input_ids, init, **({} if resets is None else {"resets": resets}))
         return head_token_loss(self.model, hidden, targets, mask, mode=self.head_loss), final
 
     def on_train_batch_start(self, batch, batch_idx) -> None:

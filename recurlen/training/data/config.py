@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-LAYOUTS = ("documents", "contiguous", "independent")
+LAYOUTS = ("documents", "contiguous", "independent", "packed")
 TOKENIZE = ("auto", "all", "needed")
 NEEDED_ABOVE_BYTES = 256 << 20
 """tokenize='auto' reads local sources larger than this as far as the run needs (tokenize='needed'); smaller ones,
@@ -37,7 +37,10 @@ class DataConfig:
     layout: str = "contiguous"
     """'documents': each lane walks whole documents segment by segment, a new document flagged (TBTT);
     'contiguous': lanes continue an EOS-joined stream of documents step after step (TBTT's window form);
-    'independent': fresh random segments each step. The intervention picks it unless it is set."""
+    'independent': fresh random segments each step;
+    'packed': the contiguous layout's rows with each document's start flagged (`resets`): the model zeroes the state
+    there, so every document is read from zeros (TBTT carries a document on into the next row), no padding.
+    The intervention picks the layout unless it is set."""
     seed: int = 0
     """Seeds the per-epoch document order and the independent layout's segment order."""
     val_fraction: float = 0.05

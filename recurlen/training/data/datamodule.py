@@ -6,11 +6,14 @@ Batch contract (train; validation batches have the same keys):
     lane        LongTensor (B,)     global lane of each row (validation: index of the held-out segment)
     new_stream  BoolTensor (B,)     the row does not continue the lane's previous segment: contiguous
                                     layout only at step 0, independent layout always, documents layout
-                                    where a document (or the lane's slice of an epoch) starts
-                                    (validation: always)
-    loss_mask   BoolTensor (B, T)   documents layout only: the scored targets (a document's tail segment
-                                    is padded after its EOS)
-    segment     LongTensor (B,)     documents layout only: the row's segment index within its document
+                                    where a document (or the lane's slice of an epoch) starts, packed
+                                    layout where the row starts one (validation: always)
+    loss_mask   BoolTensor (B, T)   documents and packed layouts: the scored targets (a document's tail segment
+                                    is padded after its EOS; packed: a document's first token is no target)
+    segment     LongTensor (B,)     documents layout only: the row's segment index within its document (packed
+                                    layout: how many earlier rows the row's first document spans)
+    resets      BoolTensor (B, T)   packed layout only: where a document (or the lane's stream) starts; the
+                                    model zeroes its state there (column 0 is new_stream, the intervention's)
     step        LongTensor ()       micro-step of this batch (validation: index of the batch)
 
 Resume: the state is just the next step to yield. It is recorded when a batch reaches the training step

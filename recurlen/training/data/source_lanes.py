@@ -9,6 +9,7 @@ reading a prefix would change every batch. Here:
     lane g              owns training documents g, g + G, g + 2G, ... (G global lanes); its stream is those
                         documents, each followed by EOS
     contiguous          segment s of lane g is its stream's tokens [s * T, s * T + T + 1): TBTT's window form
+    packed              the same rows, each document's start flagged (packed.py)
     independent         the same segments, each starting from a fresh state (new_stream at every step)
     documents           lane g walks its documents segment by segment (tail padded, unscored), as in lanes.py
     held-out            the first V held-out documents in source order, V the fewest that serve val_segments and
@@ -25,6 +26,7 @@ import numpy as np
 
 from recurlen.training.data.config import DataConfig
 from recurlen.training.data.corpus import Corpus
+from recurlen.training.data.packed import document_start_before, document_starts, packed_fields
 from recurlen.training.data.stream import DocStream, DocumentSegments, make_batch
 
 MARGIN_STEPS = 8
@@ -169,6 +171,12 @@ class SourceOrderSampler:
                 rows[b], mask[b] = r[0], m[0]
             return make_batch(rows, lanes=self.lanes, step=step, new_stream=segment == 0, loss_mask=mask,
                               segment=segment)
+        if self.layout == "packed":
+            pos = step * T + np.arange(T + 1)
+            starts = np.stack([document_starts(s.cum, pos) for s in self.streams])
+            begin = np.array([int(document_start_before(s.cum, pos[:1])[0]) for s in self.streams])
+            return make_batch(self.segments(step), lanes=self.lanes, step=step, segment=step - begin // T,
+                              **packed_fields(starts))
         return make_batch(self.segments(step), lanes=self.lanes, step=step,
                           new_stream=self.layout == "independent" or step == 0)
 

@@ -10,6 +10,7 @@ import torch
 
 from recurlen.training.data import lanes as L
 from recurlen.training.data.corpus import Corpus
+from recurlen.training.data.packed import document_start_before, document_starts, packed_fields
 
 
 class DocStream:
@@ -135,9 +136,9 @@ class TrainSampler:
         total = self.streams.length
         self.span = L.lane_span(total, num_global_lanes)
         self.num_slots = (total - 1) // seq_len
-        if layout == "contiguous" and self.span < seq_len + 1:
+        if layout in ("contiguous", "packed") and self.span < seq_len + 1:
             raise ValueError(
-                f"the training split has {total} tokens (EOS included) but layout='contiguous' with "
+                f"the training split has {total} tokens (EOS included) but layout={layout!r} with "
                 f"{num_global_lanes} global lanes x (seq_len + 1 = {seq_len + 1}) needs at least "
                 f"{num_global_lanes * (seq_len + 1)}; use more data, fewer lanes, a shorter seq_len, or "
                 "layout='independent'")
@@ -152,7 +153,7 @@ class TrainSampler:
         if self.layout == "documents":
             return self._document_batch(step)[0]
         rows = np.empty((len(self.lanes), self.seq_len + 1), dtype=np.int64)
-        if self.layout == "contiguous":
+        if self.layout in ("contiguous", "packed"):
             col = 0
             for piece in L.contiguous_pieces(step, seq_len=self.seq_len, span=self.span):
                 if piece.offset == L.EOS_PIECE:
@@ -178,18 +179,46 @@ class TrainSampler:
         rows, mask = self.documents.read(docs, segment)
         return rows, mask, segment, (segment == 0) | slice_start
 
+    def _packed_starts(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Which of each lane's T + 1 tokens at `step` start a document or the lane's stream (packed.py), and the
+        row's first document's earlier rows (its `segment`)."""
+        T, span = self.seq_len, self.span
+        starts = np.zeros((len(self.lanes), T + 1), dtype=bool)
+        col, segment = 0, None
+        for piece in L.contiguous_pieces(step, seq_len=T, span=span):
+            if piece.offset == L.EOS_PIECE:  # the EOS between two epochs' slices: a stream of its own
+                starts[:, col] = True
+                segment = np.zeros(len(self.lanes), dtype=np.int64) if segment is None else segment
+            else:
+                cum = self.streams(piece.epoch).cum
+                pos = self.lanes[:, None] * span + piece.offset + np.arange(piece.length)
+                starts[:, col:col + piece.length] = document_starts(cum, pos)
+                if piece.offset == 0:  # the lane's slice of this epoch starts (maybe inside a document)
+                    starts[:, col] = True
+                if segment is None:  # rows since the first document started, in the lane's own stream
+                    begin = np.maximum(document_start_before(cum, pos[:, 0]) - self.lanes * span, 0)
+                    segment = step - (piece.epoch * (span + 1) + begin) // T
+            col += piece.length
+        return starts, segment
+
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         if self.layout == "documents":
             rows, mask, segment, new = self._document_batch(step)
             return make_batch(rows, lanes=self.lanes, step=step, new_stream=new, loss_mask=mask, segment=segment)
+        if self.layout == "packed":
+            starts, segment = self._packed_starts(step)
+            return make_batch(self.segments(step), lanes=self.lanes, step=step, segment=segment,
+                              **packed_fields(starts))
         return make_batch(self.segments(step), lanes=self.lanes, step=step,
                           new_stream=L.new_stream(step, self.layout))
 
 
 def make_batch(segments: np.ndarray, *, lanes: np.ndarray, step: int, new_stream: bool | np.ndarray,
-               loss_mask: np.ndarray | None = None, segment: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+               loss_mask: np.ndarray | None = None, segment: np.ndarray | None = None,
+               resets: np.ndarray | None = None) -> dict[str, torch.Tensor]:
     """The batch contract: input_ids / targets (B, T), lane (B,), new_stream (B,), step (); the documents layout
-    adds loss_mask (B, T) (a tail's padding is not scored) and segment (B,) (index within the row's document)."""
+    adds loss_mask (B, T) (a tail's padding is not scored) and segment (B,) (index within the row's document); the
+    packed layout loss_mask, segment and resets (B, T) (where a document starts, packed.py)."""
     seg = torch.from_numpy(segments)
     batch = {
         "input_ids": seg[:, :-1].contiguous(),
@@ -202,6 +231,8 @@ def make_batch(segments: np.ndarray, *, lanes: np.ndarray, step: int, new_stream
         batch["loss_mask"] = torch.from_numpy(loss_mask)
     if segment is not None:
         batch["segment"] = torch.as_tensor(segment, dtype=torch.long).clone()
+    if resets is not None:
+        batch["resets"] = torch.from_numpy(np.ascontiguousarray(resets))
     return batch
 
 

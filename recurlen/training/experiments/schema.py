@@ -202,9 +202,12 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         """Rules that span sections."""
-        if self.intervention.name == "tbptt" and self.data.layout != self.intervention.layout:
+        # TBTT over documents also walks packed rows: each document read from zeros, carried across rows.
+        allowed = (self.intervention.layout, "packed") if self.intervention.tbptt_over == "documents" else \
+            (self.intervention.layout,)
+        if self.intervention.name == "tbptt" and self.data.layout not in allowed:
             raise ValueError(f"intervention tbptt with tbptt_over={self.intervention.tbptt_over} needs "
-                             f"data.layout={self.intervention.layout} (each lane must continue its "
+                             f"data.layout={' or '.join(allowed)} (each lane must continue its "
                              f"{self.intervention.tbptt_over}); got data.layout={self.data.layout!r}")
         if self.intervention.name not in INTERVENTIONS:  # pragma: no cover - InterventionConfig already checks
             raise ValueError(f"unknown intervention {self.intervention.name!r}")

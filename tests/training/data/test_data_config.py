@@ -31,7 +31,7 @@ def test_every_field_has_a_docstring() -> None:
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"layout": "strided"},
-     r"layout='strided' is not supported; allowed: \['documents', 'contiguous', 'independent'\]"),
+     r"layout='strided' is not supported; allowed: \['documents', 'contiguous', 'independent', 'packed'\]"),
     ({"val_mode": "all"}, r"val_mode='all' is not supported; allowed: \['first', 'pack', 'windows'\]"),
     ({"seq_len": 0}, r"seq_len=0 is not allowed; need an integer >= 1"),
     ({"batch_size": 2.5}, r"batch_size=2.5 is not allowed; need an integer >= 1"),
