@@ -85,6 +85,12 @@ _GLA = dict(num_hidden_layers=24, num_heads=4, vocab_size=32000)
 _RWKV6 = dict(vocab_size=65536, expand_k=1.0, expand_v=1.0, hidden_ratio=3.5, head_norm_eps=64e-5)
 _WORLD = dict(hub_id="BlinkDL/rwkv-6-world", tokenizer="package:rwkv/rwkv_vocab_v20230424.txt", train_seq_len=4096,
               default_data="pile-world")
+# BlinkDL's RWKV-7 world models (BlinkDL/rwkv-7-world, RWKV-x070-World-*-ctx4096.pth): heads of 64, channel mix
+# 4 x hidden, the same world tokenizer and context. The low ranks are those of fla-hub/rwkv7-0.4B-world and
+# fla-hub/rwkv7-1.5B-world's config.json (the same weights converted); the 0.1B and 2.9B files have no row here: their
+# ranks could not be confirmed (a file's own shape is read off its weights when it is loaded, row or not).
+_RWKV7 = dict(vocab_size=65536, head_dim=64, hidden_ratio=4, head_norm_eps=64e-5)
+_WORLD7 = dict(_WORLD, hub_id="BlinkDL/rwkv-7-world")
 
 MODELS: tuple[ModelRow, ...] = (
     # ---- Mamba-2. CPU shapes: byte vocabulary of the embedded corpus.
@@ -150,6 +156,20 @@ MODELS: tuple[ModelRow, ...] = (
     ModelRow("rwkv6-7b", "rwkv6", dict(hidden_size=4096, num_hidden_layers=32, num_heads=64, proj_low_rank_dim=64,
                                        gate_low_rank_dim=128, **_RWKV6),
              hub_file="RWKV-x060-World-7B-v2.1-20240507-ctx4096.pth", **_WORLD),
+    # ---- RWKV-7 ("Goose", x070). CPU shapes: byte vocabulary. The nano model (the shared tests') starts with its
+    # residual outputs non-zero, so that a fresh one reads its state; the tiny one starts as fla's does.
+    ModelRow("rwkv7-nano", "rwkv7", dict(hidden_size=64, num_hidden_layers=2, head_dim=16, intermediate_size=128,
+                                         decay_low_rank_dim=8, a_low_rank_dim=8, v_low_rank_dim=8,
+                                         gate_low_rank_dim=16, chunk_size=16, zero_residual_init=False)),
+    ModelRow("rwkv7-tiny", "rwkv7", dict(hidden_size=128, num_hidden_layers=2, head_dim=32, intermediate_size=256,
+                                         decay_low_rank_dim=16, a_low_rank_dim=16, v_low_rank_dim=8,
+                                         gate_low_rank_dim=32)),
+    ModelRow("rwkv7-0.4b", "rwkv7", dict(hidden_size=1024, num_hidden_layers=24, decay_low_rank_dim=64,
+                                         a_low_rank_dim=64, v_low_rank_dim=32, gate_low_rank_dim=128, **_RWKV7),
+             hub_file="RWKV-x070-World-0.4B-v2.9-20250107-ctx4096.pth", **_WORLD7),
+    ModelRow("rwkv7-1.5b", "rwkv7", dict(hidden_size=2048, num_hidden_layers=24, decay_low_rank_dim=96,
+                                         a_low_rank_dim=96, v_low_rank_dim=64, gate_low_rank_dim=256, **_RWKV7),
+             hub_file="RWKV-x070-World-1.5B-v3-20250127-ctx4096.pth", **_WORLD7),
 )
 
 

@@ -55,12 +55,18 @@ class RWKV7Config(FlaConfig):
     vocab_size: int = 257
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
+    zero_residual_init: bool = True
+    """fla's (and BlinkDL's) from-scratch init: the time mix's o_proj and the channel mix's value start at zero, so
+    an untrained block adds nothing to the residual stream and does not read its state. False: both start as fla's
+    other models' residual outputs do (Kaiming-uniform / sqrt(2 layers)); the nano test model uses it, since the
+    shared contract tests need a fresh model whose output depends on its state. Only used when training from
+    scratch."""
     chunk_size: int = 32
     """Chunk length of the pure-PyTorch scan, at most 64 (any value gives the same result)."""
 
     MODEL_TYPE = "rwkv7"
     TITLE = "an RWKV-7"
-    RECURLEN_ONLY = frozenset({"chunk_size", "head_norm_eps"})
+    RECURLEN_ONLY = frozenset({"chunk_size", "head_norm_eps", "zero_residual_init"})
 
     def __post_init__(self) -> None:
         self.check_positive_ints(("hidden_size", "num_hidden_layers", "head_dim", "decay_low_rank_dim",

@@ -26,13 +26,14 @@ KERNELS = KernelPath(what="flash-linear-attention's chunk_rwkv7 (Triton)", load=
 
 def chunk_rwkv7(r_BLHK: torch.Tensor, g_BLHK: torch.Tensor, k_BLHK: torch.Tensor, v_BLHV: torch.Tensor,
                 a_BLHK: torch.Tensor, b_BLHK: torch.Tensor, *, initial_state_BHKV: torch.Tensor,
-                fn=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """fla's chunk_rwkv7 with the state in and out; the final state comes back float32.
+                resets_BL: torch.Tensor | None = None, fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunk_rwkv7 with the state in and out; the final state comes back float32. With `resets_BL` the rows'
+    documents go in as fla's varlen sequences (`cu_seqlens`; fla_model.run_chunked).
 
     `fn` replaces fla's kernel (a test may pass the same function imported under Triton's CPU interpreter)."""
     return run_chunked(fn or _chunk_rwkv7()[0], r_BLHK, g_BLHK.float(), k_BLHK, v_BLHV, a_BLHK, b_BLHK, scale=1.0,
-                       initial_state_BHKV=initial_state_BHKV, safe_gate=True, lower_bound=LOG_DECAY_FLOOR,
-                       chunk_size=64)
+                       initial_state_BHKV=initial_state_BHKV, resets_BL=resets_BL, safe_gate=True,
+                       lower_bound=LOG_DECAY_FLOOR, chunk_size=64)
 
 
 __all__ = ["KERNELS", "chunk_rwkv7"]

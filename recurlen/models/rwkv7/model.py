@@ -52,9 +52,12 @@ from recurlen.models.rwkv7.scan import LOG_DECAY_FLOOR, wkv7_chunked, wkv7_step
 from recurlen.models.rwkv7.state import RWKV7State
 
 
-def shift_delta(x_BLD: torch.Tensor, last_BD: torch.Tensor) -> torch.Tensor:
-    """x_{t-1} - x_t, with the carried last token of the previous call standing in for x_{-1}."""
+def shift_delta(x_BLD: torch.Tensor, last_BD: torch.Tensor, resets_BL: torch.Tensor | None = None) -> torch.Tensor:
+    """x_{t-1} - x_t, with the carried last token of the previous call standing in for x_{-1}; where a document
+    starts (resets_BL) x_{t-1} is zero, the shift state of a fresh sequence."""
     shifted = torch.cat([last_BD.to(x_BLD.dtype).unsqueeze(1), x_BLD[:, :-1]], dim=1)
+    if resets_BL is not None:
+        shifted = shifted * (~resets_BL).to(x_BLD.dtype).unsqueeze(-1)
     return shifted - x_BLD
 
 
@@ -104,7 +107,9 @@ class RWKV7Attention(nn.Module):
     def _project(self, x_BLD: torch.Tensor, delta_BLD: torch.Tensor, v_first: torch.Tensor | None):
         """Per head: r, log decay, k, v, the rank-one vectors a = -kappa and b = kappa alpha; the gate; v_first."""
         cfg = self.cfg
-        xr, xw, xk, xv, xa, xg = (x_BLD + delta_BLD * getattr(self, f"x_{m}") for m in "rwkvag")
+        # The six mixes in one product: autograd keeps delta once, not once per mix.
+        mu_6D = torch.cat([getattr(self, f"x_{m}").view(1, -1) for m in "rwkvag"])
+        xr, xw, xk, xv, xa, xg = (x_BLD.unsqueeze(-2) + delta_BLD.unsqueeze(-2) * mu_6D).unbind(-2)
         r = self.r_proj(xr)
         log_w = LOG_DECAY_FLOOR * torch.sigmoid(up(self.w_lora(xw)))  # float32: exponentiated and summed
         k = self.k_proj(xk)
@@ -128,13 +133,13 @@ class RWKV7Attention(nn.Module):
         return self.o_proj((normed.to(gate_BLD.dtype) + bonus) * gate_BLD)
 
     def forward(self, x_BLD: torch.Tensor, wkv_BHNN: torch.Tensor, shift_BD: torch.Tensor,
-                v_first: torch.Tensor | None, *, use_kernels: bool):
-        r, log_w, k, v, a, b, gate, v_first = self._project(x_BLD, shift_delta(x_BLD, shift_BD), v_first)
+                v_first: torch.Tensor | None, *, use_kernels: bool, resets: torch.Tensor | None = None):
+        r, log_w, k, v, a, b, gate, v_first = self._project(x_BLD, shift_delta(x_BLD, shift_BD, resets), v_first)
         if use_kernels:
-            o, wkv_BHNN = kernels.chunk_rwkv7(r, log_w, k, v, a, b, initial_state_BHKV=wkv_BHNN)
+            o, wkv_BHNN = kernels.chunk_rwkv7(r, log_w, k, v, a, b, initial_state_BHKV=wkv_BHNN, resets_BL=resets)
         else:
             o, wkv_BHNN = wkv7_chunked(r, log_w, k, v, a, b, chunk_size=self.cfg.chunk_size,
-                                       initial_state_BHKV=wkv_BHNN)
+                                       initial_state_BHKV=wkv_BHNN, resets_BL=resets)
         return self._output(o, r, k, v, gate), wkv_BHNN, x_BLD[:, -1], v_first
 
     def step(self, x_BD: torch.Tensor, wkv_BHNN: torch.Tensor, shift_BD: torch.Tensor, v_first: torch.Tensor | None):
@@ -153,8 +158,8 @@ class RWKV7FeedForward(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
         self.value = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x_BLD: torch.Tensor, shift_BD: torch.Tensor):
-        hidden = F.relu(self.key(x_BLD + shift_delta(x_BLD, shift_BD) * self.x_k)).square()
+    def forward(self, x_BLD: torch.Tensor, shift_BD: torch.Tensor, resets: torch.Tensor | None = None):
+        hidden = F.relu(self.key(x_BLD + shift_delta(x_BLD, shift_BD, resets) * self.x_k)).square()
         return self.value(hidden), x_BLD[:, -1]
 
 
@@ -172,7 +177,7 @@ class RWKV7Block(nn.Module):
         self.ffn_norm = norm()
         self.ffn = RWKV7FeedForward(cfg)
 
-    def _run(self, carry, parts, attn):
+    def _run(self, carry, parts, attn, resets: torch.Tensor | None = None):
         hidden, v_first = carry
         wkv, att_shift, ffn_shift = parts
         residual = self.pre_norm(hidden) if hasattr(self, "pre_norm") else hidden
@@ -180,12 +185,16 @@ class RWKV7Block(nn.Module):
         residual = residual + mixed
         squeeze = residual.dim() == 2  # one token (step): the channel mix takes (B, 1, D)
         normed = self.ffn_norm(residual.unsqueeze(1) if squeeze else residual)
-        out, ffn_shift = self.ffn(normed, ffn_shift)
+        out, ffn_shift = self.ffn(normed, ffn_shift, resets)
         out = out[:, 0] if squeeze else out
         return (residual + out, v_first), (wkv, att_shift, ffn_shift)
 
-    def forward(self, carry, parts: tuple[torch.Tensor, ...], *, use_kernels: bool):
-        return self._run(carry, parts, lambda x, s, sh, vf: self.attn(x, s, sh, vf, use_kernels=use_kernels))
+    def forward(self, carry, parts: tuple[torch.Tensor, ...], *, use_kernels: bool,
+                resets: torch.Tensor | None = None):
+        """`resets` (documents packed in the row, recurlen.models.resets) restart the WKV state and both token
+        shifts where a document starts; v_first needs none (it never crosses positions)."""
+        return self._run(carry, parts, lambda x, s, sh, vf: self.attn(x, s, sh, vf, use_kernels=use_kernels,
+                                                                      resets=resets), resets)
 
     def step(self, carry, parts: tuple[torch.Tensor, ...]):
         return self._run(carry, parts, self.attn.step)
@@ -200,6 +209,7 @@ class RWKV7LM(FlaLM):
     kernels = KERNELS
     official = RWKV7_FORMAT
     weights_file = BLINKDL_FILE
+    supports_resets = True
 
     @staticmethod
     def make_blocks(config: RWKV7Config) -> list[nn.Module]:
@@ -224,7 +234,8 @@ class RWKV7LM(FlaLM):
         """fla's RWKV7ForCausalLM from scratch (BlinkDL's x070 training init), not FlaLM's shared N(0, 0.02):
         embedding U(-1e-4, 1e-4), the head orthogonal with gain 0.5 sqrt(V / D) (0.5 when V <= D), norms at one /
         zero, and each block's own (init_block). fla's o_proj and channel-mix value start at zero: a block adds
-        nothing to the residual stream until trained (fla's residual rescaling does not reach them)."""
+        nothing to the residual stream until trained (fla's residual rescaling does not reach them); see
+        RWKV7Config.zero_residual_init."""
         cfg = self.config
         nn.init.uniform_(self.model.embeddings.weight, -1e-4, 1e-4)
         ratio = cfg.vocab_size / cfg.hidden_size
@@ -234,7 +245,7 @@ class RWKV7LM(FlaLM):
 
     def init_block(self, block: RWKV7Block) -> None:
         """fla's RWKV7Attention / RWKV7FeedForward init: token-shift mixes and decay offsets ramped over the channels
-        and layers, orthogonal r / v (k with gain 0.1), zero output projections."""
+        and layers, orthogonal r / v (k with gain 0.1), zero output projections (unless zero_residual_init is off)."""
         cfg, attn, ffn = self.config, block.attn, block.ffn
         d, n, layers, i = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers, attn.layer_idx
         ratio_0_to_1 = i / (layers - 1) if layers > 1 else 0.0  # fla divides by zero for one layer
@@ -260,10 +271,14 @@ class RWKV7LM(FlaLM):
         nn.init.orthogonal_(attn.r_proj.weight)
         nn.init.orthogonal_(attn.k_proj.weight, gain=0.1)
         nn.init.orthogonal_(attn.v_proj.weight)
-        nn.init.zeros_(attn.o_proj.weight)
         ffn.x_k.copy_(1.0 - ddd ** (ratio_1_to_almost0 ** 4))
         nn.init.orthogonal_(ffn.key.weight)
-        nn.init.zeros_(ffn.value.weight)
+        for lin in self.residual_outputs(block):
+            if cfg.zero_residual_init:
+                nn.init.zeros_(lin.weight)
+            else:
+                nn.init.kaiming_uniform_(lin.weight, a=math.sqrt(5))
+                lin.weight /= math.sqrt(2 * layers)
 
 
 __all__ = ["RWKV7Attention", "RWKV7Block", "RWKV7LM"]

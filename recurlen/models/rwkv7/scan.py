@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from recurlen.models.layers import up
+from recurlen.models.resets import chunk_counts, same_document
 
 LOG_DECAY_FLOOR = -0.6065306597126334
 """RWKV-7's smallest log decay per token, -exp(-1/2) (BlinkDL: w = exp(-0.606531 sigmoid(.)))."""
@@ -51,9 +52,12 @@ def wkv7_chunked(
     *,
     chunk_size: int,
     initial_state_BHKV: torch.Tensor | None = None,
+    resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked WKV-7; g are log decays in [LOG_DECAY_FLOOR, 0]. Returns o (B, L, H, V) and the final state
-    (B, H, K, V)."""
+    (B, H, K, V). With `resets_BL` (True where a document starts) S is zero before each flagged position: the reads
+    u, the outputs and the state at a chunk's end meet only their own document's writes, and S_0 only up to the
+    chunk's first flag (recurlen.models.resets)."""
     batch, length, nheads, dk = r_BLHK.shape
     dv = v_BLHV.shape[-1]
     # float32 inside (float64 stays float64): the decays are products of many numbers in (0, 1).
@@ -69,27 +73,37 @@ def wkv7_chunked(
     cum = g.cumsum(dim=-2)  # (B, H, c, l, K) inclusive log decay from the chunk's start
     exc = cum - g  # exclusive: what the state entering position t has decayed by
     mid = cum[..., l // 2:l // 2 + 1, :]  # the reference both sides of a pair are rescaled to
-    r_mid, a_mid = r * torch.exp(cum - mid), a * torch.exp(exc - mid)
-    k_mid, b_mid = k * torch.exp(mid - cum), b * torch.exp(mid - cum)
+    # The four pair matrices in one product: [r; a] (rescaled to their reads) against [k; b] (to their writes).
+    reads_mid = torch.cat([r * torch.exp(cum - mid), a * torch.exp(exc - mid)], dim=-2)  # (B, H, c, 2l, K)
+    writes_mid = (torch.cat([k, b], dim=-2).unflatten(-2, (2, l)) * torch.exp(mid - cum).unsqueeze(-3)).flatten(-3, -2)
+    pairs = reads_mid @ writes_mid.transpose(-1, -2)  # (B, H, c, 2l, 2l)
     upto = torch.ones(l, l, dtype=r.dtype, device=r.device).tril()  # s <= t
     before = upto.tril(-1)  # s < t
-    P_rk = (r_mid @ k_mid.transpose(-1, -2)) * upto  # (B, H, c, l, l)
-    P_rb = (r_mid @ b_mid.transpose(-1, -2)) * upto
-    P_ak = (a_mid @ k_mid.transpose(-1, -2)) * before
-    P_ab = (a_mid @ b_mid.transpose(-1, -2)) * before
+    # Flags so far in each chunk (B, 1, c, l): a pair interacts only where the counts agree; 0 where S_0 is read.
+    counts = None if resets_BL is None else chunk_counts(resets_BL, pad, l).unsqueeze(1)
+    if counts is not None:
+        same = same_document(counts, r.dtype)
+        upto, before = upto * same, before * same
+    P_rk, P_rb = pairs[..., :l, :l] * upto, pairs[..., :l, l:] * upto  # (B, H, c, l, l)
+    P_ak, P_ab = pairs[..., l:, :l] * before, pairs[..., l:, l:] * before
 
     # u = U + W S_0, from (I - P_ab) u = P_ak v + (a exp(e)) S_0.
     eye = torch.eye(l, dtype=r.dtype, device=r.device)
-    rhs = torch.cat([P_ak @ v, a * torch.exp(exc)], dim=-1)
+    reads_in, writes_out = torch.exp(exc), torch.exp(cum[..., -1:, :] - cum)
+    r_in = r * torch.exp(cum)  # queries reading the state that entered the chunk
+    decay_chunk = torch.exp(cum[..., -1:, :]).transpose(-1, -2)  # (B, H, c, K, 1)
+    if counts is not None:  # S_0 is read up to the first flag; only the chunk's last document reaches its end
+        entered = (counts == 0).to(r.dtype).unsqueeze(-1)
+        reads_in, r_in = reads_in * entered, r_in * entered
+        writes_out = writes_out * (counts == counts[..., -1:]).to(r.dtype).unsqueeze(-1)
+        decay_chunk = decay_chunk * (counts[..., -1:] == 0).to(r.dtype).unsqueeze(-1)
+    rhs = torch.cat([P_ak @ v, a * reads_in], dim=-1)
     uw = torch.linalg.solve_triangular(eye - P_ab, rhs, upper=False, unitriangular=True)
     U, W = uw.split([dv, dk], dim=-1)  # (B, H, c, l, V), (B, H, c, l, K)
 
     o_kv = P_rk @ v  # the chunk's own keys and values, read by its queries
-    r_in = r * torch.exp(cum)  # queries reading the state that entered the chunk
-    last = cum[..., -1:, :]
-    kv_out = (k * torch.exp(last - cum)).transpose(-1, -2) @ v  # (B, H, c, K, V) written keys at the chunk's end
-    b_out = b * torch.exp(last - cum)
-    decay_chunk = torch.exp(last).transpose(-1, -2)  # (B, H, c, K, 1)
+    kv_out = (k * writes_out).transpose(-1, -2) @ v  # (B, H, c, K, V) the chunk's writes as they stand at its end
+    b_out = b * writes_out
     state = r.new_zeros(batch, nheads, dk, dv) if initial_state_BHKV is None else initial_state_BHKV.to(r.dtype)
     outs = []
     for i in range(c):

@@ -203,3 +203,25 @@ def test_from_scratch_init_equals_fla_s(tmp_path):
             torch.testing.assert_close(gram(got), gram(want), atol=1e-5, rtol=0, msg=f"{name}: gain")
         else:
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0, msg=name)
+
+
+def test_packed_rows_take_fla_s_varlen_path(close_scaled):
+    """Documents packed in rows (`resets`): the kernel path (fla's cu_seqlens) equals the torch path, which
+    tests/models/test_packed_resets.py checks against the documents run one by one; without the flags the logits
+    differ, so the comparison has power."""
+    model = make_model(seed=7)
+    ids = torch.randint(0, 257, (2, LENGTH), generator=torch.Generator().manual_seed(8))
+    resets = torch.zeros(2, LENGTH, dtype=torch.bool)
+    resets[0, [16, 17, 40]] = True  # a one-token document, a start inside fla's chunk
+    resets[1, 0] = True  # the state handed in dropped
+    init = noise_state(model, 2, seed=9)
+    with torch.no_grad():
+        ref_logits, ref_final = model(ids, init, resets=resets, backend="torch")
+        logits, final = model(ids, init, resets=resets, backend="kernel")
+        joined, _ = model(ids, init, backend="kernel")
+    print(f"\npacked rows, kernel vs torch: logits {scaled_error(logits, ref_logits):.1e}, wkv "
+          f"{scaled_error(final.wkv, ref_final.wkv):.1e}")
+    close_scaled(logits, ref_logits, KERNEL_TOL, "logits, packed rows")
+    for name, ref in ref_final.parts().items():
+        close_scaled(getattr(final, name), ref, KERNEL_TOL, f"final {name}, packed rows")
+    assert scaled_error(joined[0, 16:], ref_logits[0, 16:]) > 1e-2

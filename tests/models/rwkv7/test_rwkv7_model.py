@@ -158,3 +158,18 @@ def test_init_follows_fla():
     head = model.lm_head.weight.double()
     gain = 0.5 * math.sqrt(257 / 64)
     torch.testing.assert_close(head.T @ head, gain ** 2 * torch.eye(64, dtype=torch.float64), atol=1e-5, rtol=0)
+
+
+def test_the_nano_model_reads_its_state_from_the_start():
+    """fla's zero residual outputs make a fresh model ignore its state (the shared contract tests could not fail on
+    it); with zero_residual_init off (the nano row) the first logits move with the initial state."""
+    ids = torch.randint(0, 257, (1, 8), generator=torch.Generator().manual_seed(1))
+    changes = {}
+    for zero in (True, False):
+        torch.manual_seed(0)
+        model = RWKV7LM(RWKV7Config(**NANO, zero_residual_init=zero)).eval()
+        with torch.no_grad():
+            base, _ = model(ids)
+            moved, _ = model(ids, random_state(model, 1))
+        changes[zero] = float((moved - base).abs().max() / base.abs().max())
+    assert changes[True] == 0.0 and changes[False] > 1e-2, changes
