@@ -1,21 +1,34 @@
-"""The GPU path in one run (make gpu-check): correctness, then speed, then the real commands at the 130m shape.
+"""The GPU path in one run (make gpu-check): recurlen's step against mamba-ssm's, correctness, the real commands.
 
-    python benchmarks/gpu_check.py [--out runs/gpu-check/summary.json] [--steps 20] [--batch 8] [--quick]
+    python benchmarks/gpu_check.py [--out runs/gpu-check/summary.json] [--shapes 130m 780m] [--batch N] [--quick]
+    python benchmarks/gpu_check.py --cpu-rehearsal --out runs/gpu-check/rehearsal.json   # the comparison, on a CPU
 
-Needs CUDA and mamba-ssm's Triton kernels (make gpu-check installs them; causal-conv1d is optional). In order:
-  1. `make test-gpu`: the kernel backend == the torch backend (forward, backward, initial-state gradients, split
+Needs CUDA and mamba-ssm's Triton kernels (make gpu-check installs them; causal-conv1d is optional). In order, each
+part started only while the time budget (--budget-s, default 570 s: the whole check within 10 minutes) has room:
+  1. recurlen's whole training step (forward + backward + AdamW, bf16 autocast, kernels on) against mamba-ssm's own
+     `MambaLMHeadModel` of the same config holding the same weights, at the 130m shape (8 x 2048 tokens) and the 780m
+     shape (4 x 2048): tokens/s, peak memory and MFU side by side, interleaved (benchmarks/gpu_peer.py), with
+     recurlen's loss on the whole logits as a third column (what trainer.head_loss=auto's chunked loss saves);
+     target: recurlen >= 0.95x mamba-ssm's tokens/s at <= its peak memory;
+  2. agreement, kernel path vs torch path, at the tiny and 130m shapes (float32, from a random initial state;
+     benchmarks/bench_gpu.py), and one Mamba-2 mixer forward + backward, recurlen vs mamba-ssm's `Mamba2` module
+     (target: recurlen's time <= 1.1x);
+  3. `make test-gpu`: the kernel backend == the torch backend (forward, backward, initial-state gradients, split
      invariance, bf16), and an FSDP run with the diagnostics;
-  2. agreement at the tiny and 130m shapes (float32, from a random initial state; benchmarks/bench_gpu.py);
-  3. speed, side by side in one run at the 130m shape (batch x 2048 tokens, bf16 autocast):
-     a training step (forward + backward + AdamW) of the whole model, kernel path vs torch path
-     (target >= 10x), and one Mamba-2 mixer forward + backward, recurlen's kernel path vs mamba-ssm's own
-     `Mamba2` module (target: recurlen within 10%, i.e. time <= 1.1 x mamba-ssm's);
   4. `recurlen finetune` of a randomly initialised 130m checkpoint in the official format, --steps steps per
-     intervention on the kernel path in bf16-mixed (tokens/s, peak GPU memory);
-  5. `recurlen eval` of one 131072-token sequence in chunks (tokens/s, peak GPU memory);
+     intervention on the kernel path in bf16-mixed (tokens/s, peak GPU memory), TBTT first, then
+  5. `recurlen eval` of its TBTT run on one 131072-token sequence in chunks (tokens/s, peak GPU memory);
   6. with 2+ GPUs: the TBTT post-training under FSDP with 2 processes.
-Writes one JSON summary (--out) and exits 1 on any mismatch or failed step, 2 when there is no CUDA device or
-the kernels do not import (nothing runs then); unmet speed targets are reported in the summary, not failed.
+The JSON summary (--out) is rewritten after every part and every timed round, so a run cut short keeps what it
+measured; parts the budget left no room for are listed as skipped. Exits 1 on any mismatch or failed part, 2 when
+there is no CUDA device or the kernels do not import (nothing runs then); unmet speed targets are reported in the
+summary, not failed.
+
+--cpu-rehearsal runs part 1's code end to end on a CPU at a small shape (REHEARSAL_SHAPE in gpu_peer.py, 1 x 32
+tokens, two chunks of the scan, float32, the chunked loss forced on, no warm-up, at most 2 rounds): mamba-ssm's
+model and recurlen's kernel path both execute their real Triton kernels under Triton's interpreter
+(TRITON_INTERPRET=1, set by re-executing itself). Its numbers say nothing about a GPU; it shows that the comparison
+runs and what its JSON holds.
 """
 
 from __future__ import annotations
@@ -36,9 +49,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-SPEEDUP_TARGET = 10.0  # kernel path / torch path, training step tokens/s
 PEER_SLACK = 1.10  # recurlen mixer time / mamba-ssm Mamba2 time
-INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing", "tbptt")
+# TBTT first: the evaluation reads its run
+INTERVENTIONS = ("tbptt", "none", "state_passing", "random_noise", "fitted_noise")
+BUDGET_S = 570.0  # the whole check within 10 minutes, with room to write the summary
 
 
 def write_summary(path: Path, summary: dict) -> None:
@@ -162,67 +176,161 @@ def tb_scalars(run_dir: Path, tag: str) -> list[float]:
 
 
 # --------------------------------------------------------------------------------------------- main
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    from gpu_peer import SHAPES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/gpu-check/summary.json", help="the JSON summary")
-    parser.add_argument("--steps", type=int, default=20, help="post-training steps per intervention")
-    parser.add_argument("--batch", type=int, default=8, help="lanes (batch rows) of 2048 tokens")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES),
+                        help="model shapes of the comparison with mamba-ssm (default: 130m 780m)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="lanes of 2048 tokens (default: 8 at 130m, 4 at 780m; the post-training runs 8)")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds of the comparison (quick: 3)")
+    parser.add_argument("--steps", type=int, default=10, help="post-training steps per intervention")
     parser.add_argument("--eval-len", type=int, default=131072, help="tokens of the chunked evaluation")
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S,
+                        help="start no part after this many seconds (default 570: the whole check within 10 minutes)")
     parser.add_argument("--skip-test-gpu", action="store_true", help="do not run make test-gpu")
-    parser.add_argument("--quick", action="store_true", help="2 steps, batch 2, a 16k evaluation (a smoke run)")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 rounds, 2 steps, batch 2, a 16k evaluation (a smoke run)")
+    parser.add_argument("--cpu-rehearsal", action="store_true",
+                        help="run the comparison with mamba-ssm on this CPU at a small shape under Triton's "
+                             "interpreter (no GPU needed): checks the code path and the JSON, not the speed")
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.batch, args.eval_len = 2, 2, 16384
+        args.rounds, args.steps, args.batch, args.eval_len = 3, 2, args.batch or 2, 16384
+    return args
+
+
+class Summary:
+    """The JSON summary, rewritten (atomically) whenever a part or a timed round adds to it."""
+
+    def __init__(self, out: Path, args: argparse.Namespace) -> None:
+        self.out, self.t0 = out, time.perf_counter()
+        self.data: dict = {"format": "recurlen.gpu-check/2",
+                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
+                           "args": vars(args), "steps": {}, "targets": {}, "failures": [], "skipped": []}
+
+    def write(self) -> None:
+        write_summary(self.out, self.data)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def part(self, name: str, fn, *, budget: float | None = None, needs_s: float = 0.0) -> dict | None:
+        """Run one part; record its result, or its failure, and carry on with the next; skip it when the budget
+        has less than needs_s seconds left."""
+        if budget is not None and self.elapsed() + needs_s > budget:
+            self.data["skipped"].append(name)
+            self.data["steps"][name] = {"skipped": f"time budget: {self.elapsed():.0f} s of {budget:.0f} s used"}
+            self.write()
+            print(f"== {name}: skipped (time budget)", flush=True)
+            return None
+        start = time.perf_counter()
+        try:
+            result = fn()
+        except Exception as err:  # a failed part is a finding: record it and run the others
+            result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
+            self.data["failures"].append(name)
+        result["seconds"] = round(time.perf_counter() - start, 1)
+        self.data["steps"][name] = result
+        self.write()
+        print(f"== {name}: {json.dumps({k: v for k, v in result.items() if k != 'traceback'})}", flush=True)
+        return result
+
+    def finish(self) -> int:
+        self.data["ok"] = not self.data["failures"]
+        self.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.data["seconds"] = round(self.elapsed(), 1)
+        self.write()
+        print(f"gpu-check {'passed' if self.data['ok'] else 'FAILED: ' + '; '.join(self.data['failures'])}; "
+              f"summary in {self.out}", flush=True)
+        return 0 if self.data["ok"] else 1
+
+
+def versus_mamba_ssm(summary: Summary, *, shape: str, batch: int, length: int, device: str, rounds: int,
+                     warmup: int, head_loss: str = "auto") -> dict:
+    """Part 1 for one shape; each timed round's numbers are in the summary as soon as they exist."""
+    from gpu_peer import compare_train_step
+
+    name = f"train_step_vs_mamba_ssm_{shape}"
+
+    def report(result: dict) -> None:
+        summary.data["steps"][name] = {**result, "partial": True}
+        if "recurlen_vs_mamba_ssm" in result:
+            summary.data["targets"][name] = result["recurlen_vs_mamba_ssm"]
+        summary.write()
+
+    result = compare_train_step(shape=shape, batch=batch, length=length, device=device, rounds=rounds, warmup=warmup,
+                                head_loss=head_loss, report=report)
+    if not result["same_function"]["ok"]:
+        summary.data["failures"].append(f"{name}: logits differ from mamba-ssm's ({result['same_function']})")
+    return result
+
+
+def cpu_rehearsal(args: argparse.Namespace) -> int:
+    """Part 1 on this CPU (see the module docstring); re-executes itself under Triton's interpreter first."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    from _triton_cpu import interpreted_kernels
+
+    summary = Summary(Path(args.out), args)
+    summary.data.update(device="cpu (rehearsal: Triton's interpreter)", rehearsal=True)
+    print("# gpu-check --cpu-rehearsal: the comparison with mamba-ssm's MambaLMHeadModel on a CPU, small shape",
+          flush=True)
+    with interpreted_kernels():
+        summary.part("train_step_vs_mamba_ssm_rehearsal", lambda: versus_mamba_ssm(
+            summary, shape="rehearsal", batch=args.batch or 1, length=32, device="cpu", rounds=min(args.rounds, 2),
+            warmup=0, head_loss="chunked"))
+    return summary.finish()
+
+
+def main() -> int:
+    from gpu_peer import SHAPES
+
+    args = parse_args()
+    if args.cpu_rehearsal:
+        return cpu_rehearsal(args)
     out = Path(args.out)
     work = out.parent
-    summary: dict = {"format": "recurlen.gpu-check/1", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "torch": torch.__version__, "args": vars(args), "steps": {}, "targets": {}, "failures": []}
+    summary = Summary(out, args)
+    budget = args.budget_s
 
     if not torch.cuda.is_available():
-        summary.update(ok=False, error="no CUDA device: this check runs the GPU path (torch.cuda.is_available() is "
-                                       f"False; torch {torch.__version__}, built with CUDA {torch.version.cuda})")
-        write_summary(out, summary)
-        print(f"gpu-check: {summary['error']}. Run it on a machine with an NVIDIA GPU: make gpu-check",
+        summary.data.update(ok=False, error="no CUDA device: this check runs the GPU path (torch.cuda.is_available() "
+                                            f"is False; torch {torch.__version__}, built with CUDA "
+                                            f"{torch.version.cuda})")
+        summary.write()
+        print(f"gpu-check: {summary.data['error']}. Run it on a machine with an NVIDIA GPU: make gpu-check "
+              "(on a CPU, benchmarks/gpu_check.py --cpu-rehearsal rehearses the comparison with mamba-ssm)",
               file=sys.stderr)
         return 2
     from recurlen.models.mamba2.kernels import _mamba_kernels
 
     fns, why = _mamba_kernels()
     if fns is None:
-        summary.update(ok=False, error=f"mamba-ssm's Triton kernels do not import ({why})")
-        write_summary(out, summary)
-        print(f"gpu-check: {summary['error']}; make gpu-check installs them", file=sys.stderr)
+        summary.data.update(ok=False, error=f"mamba-ssm's Triton kernels do not import ({why})")
+        summary.write()
+        print(f"gpu-check: {summary.data['error']}; make gpu-check installs them", file=sys.stderr)
         return 2
-    summary["device"] = torch.cuda.get_device_name()
-    summary["gpus"] = torch.cuda.device_count()
-    print(f"# gpu-check on {summary['device']} x {summary['gpus']} | torch {torch.__version__}", flush=True)
+    summary.data["device"] = torch.cuda.get_device_name()
+    summary.data["gpus"] = torch.cuda.device_count()
+    print(f"# gpu-check on {summary.data['device']} x {summary.data['gpus']} | torch {torch.__version__}", flush=True)
 
-    def step(name: str, fn) -> None:
-        """Run one part; record its result, or its failure, and carry on with the next."""
-        start = time.perf_counter()
-        try:
-            result = fn()
-        except Exception as err:  # a failed part is a finding: record it and run the others
-            result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
-            summary["failures"].append(name)
-        result["seconds"] = round(time.perf_counter() - start, 1)
-        summary["steps"][name] = result
-        write_summary(out, summary)
-        print(f"== {name}: {json.dumps({k: v for k, v in result.items() if k != 'traceback'})}", flush=True)
+    # 1. the whole training step against mamba-ssm's MambaLMHeadModel
+    for shape in args.shapes:
+        batch = args.batch or SHAPES[shape]
+        summary.part(f"train_step_vs_mamba_ssm_{shape}", lambda shape=shape, batch=batch: versus_mamba_ssm(
+            summary, shape=shape, batch=batch, length=2048, device="cuda", rounds=args.rounds, warmup=2),
+            budget=budget, needs_s=60)
+        torch.cuda.empty_cache()
+    print("targets: " + json.dumps(summary.data["targets"]), flush=True)
 
-    # 1. the GPU tests
-    if not args.skip_test_gpu:
-        def test_gpu() -> dict:
-            res = run_command(["make", "--no-print-directory", "test-gpu", f"VENV={sys.prefix}"], timeout=300,
-                              log_path=work / "test-gpu.log")
-            if res["rc"] != 0:
-                raise RuntimeError(f"make test-gpu exited {res['rc']}; see {res['log']}")
-            return res
-        step("test_gpu", test_gpu)
-
-    # 2. agreement, 3a. whole-model training step kernel vs torch
-    def agreement_and_speed() -> dict:
-        from bench_gpu import AGREE_TOL, agreement, throughput
+    # 2. agreement kernel vs torch; recurlen's mixer vs mamba-ssm's Mamba2 module
+    def agreement_part() -> dict:
+        from bench_gpu import AGREE_TOL, agreement
 
         from recurlen import Mamba2LM, preset
 
@@ -230,33 +338,34 @@ def main() -> int:
         for shape in ("tiny", "130m"):
             torch.manual_seed(0)
             model = Mamba2LM(preset(shape)).cuda()
-            ids = torch.randint(0, model.config.vocab_size, (args.batch, 2049), device="cuda")
-            agree = agreement(model, ids[:, :-1])
+            ids = torch.randint(0, model.config.vocab_size, (2, 2048), device="cuda")
+            agree = agreement(model, ids)
             bad = [k for k, v in agree.items() if not v <= AGREE_TOL]
             result[shape] = {"agreement": agree, "mismatches": bad}
             if bad:
-                summary["failures"].append(f"agreement {shape}: {bad}")
-            if shape == "130m":
-                rows = {b: throughput(model, ids, b, steps=5 if args.quick else 10) for b in ("torch", "kernel")}
-                speedup = rows["kernel"][0] / rows["torch"][0]
-                result[shape]["train_step"] = {b: {"tokens_per_s": round(r[0]), "peak_gib": round(r[1], 2)}
-                                               for b, r in rows.items()}
-                summary["targets"]["kernel_vs_torch_train_step"] = {
-                    "speedup": round(speedup, 2), "target": f">= {SPEEDUP_TARGET}", "met": speedup >= SPEEDUP_TARGET}
+                summary.data["failures"].append(f"agreement {shape}: {bad}")
             del model
             torch.cuda.empty_cache()
         return result
-    step("agreement_and_train_step", agreement_and_speed)
+    summary.part("agreement_kernel_vs_torch", agreement_part, budget=budget, needs_s=30)
 
-    # 3b. recurlen's mixer vs mamba-ssm's Mamba2 module
     def peer() -> dict:
-        res = mixer_vs_mamba_ssm(args.batch, 2048, repeats=5 if args.quick else 20)
-        summary["targets"]["mixer_vs_mamba_ssm_Mamba2"] = {k: res[k] for k in ("ratio_recurlen_over_mamba_ssm",
-                                                                                 "target", "met")}
+        res = mixer_vs_mamba_ssm(args.batch or 8, 2048, repeats=5 if args.quick else 20)
+        summary.data["targets"]["mixer_vs_mamba_ssm_Mamba2"] = {
+            k: res[k] for k in ("ratio_recurlen_over_mamba_ssm", "target", "met")}
         return res
-    step("mixer_vs_mamba_ssm", peer)
-    side_by_side = summary["targets"]
-    print("targets: " + json.dumps(side_by_side), flush=True)
+    summary.part("mixer_vs_mamba_ssm", peer, budget=budget, needs_s=20)
+
+    # 3. the GPU tests
+    if not args.skip_test_gpu:
+        def test_gpu() -> dict:
+            res = run_command(["make", "--no-print-directory", "test-gpu", f"VENV={sys.prefix}"],
+                              timeout=int(min(300, max(30, budget - summary.elapsed()))),
+                              log_path=work / "test-gpu.log")
+            if res["rc"] != 0:
+                raise RuntimeError(f"make test-gpu exited {res['rc']}; see {res['log']}")
+            return res
+        summary.part("test_gpu", test_gpu, budget=budget, needs_s=90)
 
     # 4. post-training at the 130m shape, every intervention, on the kernel path in bf16-mixed
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=work if work.exists() else None))
@@ -265,8 +374,10 @@ def main() -> int:
     for intervention in INTERVENTIONS:
         def finetune(intervention=intervention) -> dict:
             run_dir = tmp / "runs" / intervention
-            cmd = finetune_cmd(checkpoint, corpus, run_dir, intervention, steps=args.steps, batch=args.batch)
-            res = run_command(cmd, timeout=600, log_path=work / f"finetune-{intervention}.log")
+            cmd = finetune_cmd(checkpoint, corpus, run_dir, intervention, steps=args.steps,
+                               batch=args.batch or 8)
+            res = run_command(cmd, timeout=int(max(30, budget - summary.elapsed())),
+                              log_path=work / f"finetune-{intervention}.log")
             if res["rc"] != 0:
                 raise RuntimeError(f"recurlen finetune exited {res['rc']}; see {res['log']}")
             tok_s = tb_scalars(run_dir, "train/tokens_per_s")[1:]  # the first step includes autotuning
@@ -276,49 +387,45 @@ def main() -> int:
             peaks = tb_scalars(run_dir, "train/peak_gpu_memory_gib")
             res["peak_gpu_gib"] = round(max(peaks), 2) if peaks else None
             return res
-        step(f"finetune_{intervention}", finetune)
+        summary.part(f"finetune_{intervention}", finetune, budget=budget, needs_s=60)
 
-    # 5. chunked evaluation of one long sequence
-    def evaluate() -> dict:
-        run_dir = tmp / "runs" / "tbptt"
-        res = run_command([sys.executable, "-m", "recurlen", "eval", f"tbptt={run_dir}", f"seq_len={args.eval_len}",
-                           "num_sequences=1", "batch_size=1", "chunk_len=2048", "bf16=true", "backend=kernel",
-                           "tasks=[positionwise,state]", "progress=false", "data.val_mode=pack", "--out",
-                           str(tmp / "eval")], timeout=600, log_path=work / "eval.log")
-        if res["rc"] != 0:
-            raise RuntimeError(f"recurlen eval exited {res['rc']}; see {res['log']}")
-        run = json.loads((tmp / "eval" / "results.json").read_text())["runs"][0]
-        bins = run["positionwise"]["bins"]
-        res.update(seq_len=run["seq_len"], tokens_per_s=round(args.eval_len / res["seconds"]),
-                   loss_by_bin={b["name"]: b["loss"] for b in bins})
-        if any(b["loss"] is None for b in bins):
-            raise RuntimeError("non-finite loss in the chunked evaluation")
-        return res
-    step("eval_long", evaluate)
+        # 5. chunked evaluation of one long sequence, once the TBTT run exists
+        if intervention == "tbptt" and "finetune_tbptt" not in summary.data["failures"] + summary.data["skipped"]:
+            def evaluate() -> dict:
+                run_dir = tmp / "runs" / "tbptt"
+                res = run_command([sys.executable, "-m", "recurlen", "eval", f"tbptt={run_dir}",
+                                   f"seq_len={args.eval_len}", "num_sequences=1", "batch_size=1", "chunk_len=2048",
+                                   "bf16=true", "backend=kernel", "tasks=[positionwise,state]", "progress=false",
+                                   "data.val_mode=pack", "--out", str(tmp / "eval")],
+                                  timeout=int(max(30, budget - summary.elapsed())), log_path=work / "eval.log")
+                if res["rc"] != 0:
+                    raise RuntimeError(f"recurlen eval exited {res['rc']}; see {res['log']}")
+                run = json.loads((tmp / "eval" / "results.json").read_text())["runs"][0]
+                bins = run["positionwise"]["bins"]
+                res.update(seq_len=run["seq_len"], tokens_per_s=round(args.eval_len / res["seconds"]),
+                           loss_by_bin={b["name"]: b["loss"] for b in bins})
+                if any(b["loss"] is None for b in bins):
+                    raise RuntimeError("non-finite loss in the chunked evaluation")
+                return res
+            summary.part("eval_long", evaluate, budget=budget, needs_s=60)
 
     # 6. FSDP, 2 processes
     if torch.cuda.device_count() >= 2:
         def fsdp() -> dict:
             run_dir = tmp / "runs" / "fsdp-tbptt"
             res = run_command(finetune_cmd(checkpoint, corpus, run_dir, "tbptt", steps=min(args.steps, 5),
-                                           batch=args.batch, devices=2, strategy="fsdp"), timeout=600,
-                              log_path=work / "fsdp.log")
+                                           batch=args.batch or 8, devices=2, strategy="fsdp"),
+                              timeout=int(max(30, budget - summary.elapsed())), log_path=work / "fsdp.log")
             if res["rc"] != 0:
                 raise RuntimeError(f"FSDP finetune exited {res['rc']}; see {res['log']}")
             ranks = sorted(json.loads(p.read_text())["global_rank"] for p in (run_dir / "ranks").glob("rank*.json"))
             if ranks != [0, 1]:
                 raise RuntimeError(f"expected ranks [0, 1] to report; got {ranks}")
             return res
-        step("fsdp_2_processes", fsdp)
+        summary.part("fsdp_2_processes", fsdp, budget=budget, needs_s=90)
     else:
-        summary["steps"]["fsdp_2_processes"] = {"skipped": f"{torch.cuda.device_count()} GPU(s); needs 2"}
-
-    summary["ok"] = not summary["failures"]
-    summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    write_summary(out, summary)
-    print(f"gpu-check {'passed' if summary['ok'] else 'FAILED: ' + '; '.join(summary['failures'])}; "
-          f"summary in {out}", flush=True)
-    return 0 if summary["ok"] else 1
+        summary.data["steps"]["fsdp_2_processes"] = {"skipped": f"{torch.cuda.device_count()} GPU(s); needs 2"}
+    return summary.finish()
 
 
 if __name__ == "__main__":

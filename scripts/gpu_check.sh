@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# make gpu-check: install the GPU path into its own environment, then run benchmarks/gpu_check.py, which runs
-# make test-gpu, the kernel-vs-torch agreement and speed, a 130m-shape post-training per intervention, a
-# 128k-token evaluation and (with 2 GPUs) FSDP, and writes one JSON summary. Fails fast without a GPU.
+# make gpu-check: install the GPU path into its own environment, then run benchmarks/gpu_check.py, which compares
+# recurlen's training step with mamba-ssm's own MambaLMHeadModel at the 130m and 780m shapes (tokens/s, peak memory,
+# MFU), then runs the kernel-vs-torch agreement, make test-gpu, a 130m-shape post-training per intervention, a
+# 128k-token evaluation and (with 2 GPUs) FSDP, as far as its 10-minute budget goes, and writes one JSON summary as
+# it goes. Fails fast without a GPU; on a CPU, benchmarks/gpu_check.py --cpu-rehearsal rehearses the comparison.
 #   GPU_VENV     the environment (default .venv-gpu; the CPU .venv is left alone)
 #   GPU_TORCH    the torch requirement (default torch==2.13.0: PyPI's Linux wheel is the CUDA build)
 #   MAMBA_SSM    the mamba-ssm version, built without its CUDA extensions (Mamba-2 needs only its Triton kernels)
@@ -28,7 +30,8 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda and torch.cud
        "set GPU_TORCH to a CUDA build of torch (and remove $GPU_VENV to reinstall)" >&2
   exit 2
 fi
-# triton comes with CUDA torch; mamba-ssm without its CUDA extensions installs in seconds.
+# triton comes with CUDA torch; mamba-ssm without its CUDA extensions installs in seconds (its MambaLMHeadModel
+# imports without Mamba-1's CUDA extension: benchmarks/gpu_peer.py).
 "$PY" -m pip install -q einops packaging
 if ! "$PY" -c 'import mamba_ssm.ops.triton.ssd_combined' >/dev/null 2>&1; then
   MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE "$PY" -m pip install -q --no-build-isolation --no-deps "$MAMBA_SSM"

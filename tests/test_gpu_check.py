@@ -1,10 +1,13 @@
-"""make gpu-check on a machine without a GPU: it stops at once with a clear message (and installs nothing)."""
+"""make gpu-check on a machine without a GPU: it stops at once with a clear message (and installs nothing); its
+comparison with mamba-ssm's own model, rehearsed on a CPU; its time budget and MFU denominator."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,3 +37,61 @@ def test_gpu_check_help_lists_its_options():
     assert done.returncode == 0
     for option in ("--out", "--steps", "--batch", "--eval-len", "--quick"):
         assert option in done.stdout
+
+
+# --------------------------------------------------------------------------------------------- the peer comparison
+@pytest.fixture(autouse=True)
+def benchmarks_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+
+
+def test_mfu_denominator_is_the_data_sheet_bf16_peak_of_the_device_name():
+    from gpu_peer import bf16_peak_flops
+
+    assert bf16_peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert bf16_peak_flops("NVIDIA H100 PCIe") == 756.0e12
+    assert bf16_peak_flops("NVIDIA H200") == 989.4e12
+    assert bf16_peak_flops("NVIDIA A100-SXM4-80GB") == 312.0e12
+    assert bf16_peak_flops("Some Future GPU") is None  # then the measured matmul peak is the denominator
+
+
+def test_a_part_the_time_budget_has_no_room_for_is_skipped_and_written(tmp_path):
+    import argparse
+
+    from gpu_check import Summary
+
+    summary = Summary(tmp_path / "summary.json", argparse.Namespace(quick=False))
+    ran = []
+    assert summary.part("first", lambda: ran.append(1) or {"x": 1}, budget=100, needs_s=10) == {"x": 1, "seconds": 0.0}
+    assert summary.part("second", lambda: ran.append(2) or {}, budget=100, needs_s=1000) is None
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert ran == [1] and written["skipped"] == ["second"] and written["steps"]["first"]["x"] == 1
+    assert "time budget" in written["steps"]["second"]["skipped"]
+
+
+@pytest.mark.slow
+def test_cpu_rehearsal_runs_the_comparison_with_mamba_ssm_end_to_end(tmp_path):
+    """--cpu-rehearsal: recurlen's kernel path and mamba-ssm's MambaLMHeadModel run their real Triton kernels under
+    the interpreter, and the JSON holds what a GPU run's does. Slow: the interpreter takes minutes on 2 cores."""
+    import importlib.util
+
+    missing = [p for p in ("mamba_ssm", "triton") if importlib.util.find_spec(p) is None]
+    if missing:
+        pytest.skip(f"{missing} not installed (make test-kernels installs them)")
+    out = tmp_path / "rehearsal.json"
+    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--cpu-rehearsal", "--rounds", "1", "--out",
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    part = summary["steps"]["train_step_vs_mamba_ssm_rehearsal"]
+    assert summary["ok"] is True and summary["rehearsal"] is True and part["rounds_done"] == 1
+    assert part["same_function"]["ok"] and part["same_function"]["logits_rel_diff"] < 1e-4  # the same weights
+    assert part["recurlen_head_loss"] == "chunked" and part["tokens_per_step"] == 32
+    assert set(part["peers"]) == {"recurlen", "recurlen_plain_loss", "mamba_ssm"}
+    for name, row in part["peers"].items():
+        assert row["tokens_per_s"] > 0 and row["peak_gib"] > 0 and 0 < row["mfu"] < 1, name
+        assert len(row["step_ms"]) == 1, name
+    versus = part["recurlen_vs_mamba_ssm"]
+    assert versus["tokens_per_s_ratio"] > 0 and versus["peak_memory_ratio"] > 0 and isinstance(versus["met"], bool)
+    assert summary["targets"]["train_step_vs_mamba_ssm_rehearsal"] == versus
+    assert part["mfu_denominator"] == "measured float32 matmul peak" and part["matmul_peak"]["measured_tflops"] > 0
