@@ -43,8 +43,15 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor,
                 weights_N: torch.Tensor, rows: int, chunk: int) -> torch.Tensor:
         ctx.dtypes = (hidden_ND.dtype, weight_VD.dtype)
-        dtype = (torch.get_autocast_dtype(hidden_ND.device.type) if torch.is_autocast_enabled(hidden_ND.device.type)
-                 else hidden_ND.dtype)
+        device = hidden_ND.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_ND.dtype
+        # The casts are explicit, so autocast is off inside (it also refuses the out= products)
+        with torch.autocast(device, enabled=False):
+            return _ChunkedHeadLoss._chunks(ctx, hidden_ND, weight_VD, targets_N, weights_N, rows, chunk, dtype)
+
+    @staticmethod
+    def _chunks(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor,
+                weights_N: torch.Tensor, rows: int, chunk: int, dtype: torch.dtype) -> torch.Tensor:
         # The softmax in float32 (token_loss's .float()), or in float64 for a float64 head
         acc = torch.promote_types(dtype, torch.float32)
         head_RD = weight_VD[:rows].to(dtype)

@@ -54,6 +54,20 @@ def test_chunked_head_loss_equals_the_plain_loss_and_gradients(dtype, tol, maske
     assert grads[1][ROWS:].abs().max() == 0  # padded rows are never scored
 
 
+def test_under_bf16_autocast_the_chunked_loss_is_the_plain_ones(close_scaled):
+    """The head's products in bf16 as F.linear's under autocast, the softmax in float32 as token_loss's."""
+    hidden, weight, targets, _ = inputs(torch.float32, masked=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = plain(hidden, weight, targets, None, float32=True)
+        got = chunked(hidden, weight, targets, None)
+    ref_grads = torch.autograd.grad(ref, (hidden, weight))
+    grads = torch.autograd.grad(got, (hidden, weight))
+    assert got.dtype == torch.float32 and grads[0].dtype == grads[1].dtype == torch.float32
+    close_scaled(got, ref, 1e-3, "loss")
+    close_scaled(grads[0], ref_grads[0], 2e-2, "gradient of the hidden states")
+    close_scaled(grads[1], ref_grads[1], 2e-2, "gradient of the head's weight")
+
+
 def test_chunked_head_loss_without_grad_is_the_loss_alone():
     hidden, weight, targets, _ = inputs(torch.float64, masked=False)
     with torch.no_grad():
