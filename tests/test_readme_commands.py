@@ -67,6 +67,13 @@ REAL = {
     "trainer.num_threads=1": [*TRAIN_TINY, "intervention.fit_refresh_every=1"],
     "recurlen eval base=runs/demo/pretrain fitted_noise_ema=runs/refresh/fitted_noise-ema seq_len=1024 "
     "num_sequences=64 chunk_len=256 batch_size=16 tasks=[positionwise,reset,state] --out runs/refresh/eval": EVAL_TINY,
+    # The steps-to-hold curve validated every 50 steps: each post-training, then their evaluation and report.
+    **{f"recurlen finetune experiment=demo-posttrain intervention={i} model.pretrained=runs/demo/pretrain/checkpoints/"
+       f"last.ckpt run_dir=runs/steps-curve/{i} trainer.num_threads=1 trainer.val_every_n_steps=50": TRAIN_TINY
+       for i in ("state_passing", "tbptt")},
+    "recurlen eval state_passing=runs/steps-curve/state_passing tbptt=runs/steps-curve/tbptt seq_len=1024 "
+    "num_sequences=16 tasks=[positionwise,reset] --out runs/steps-curve/eval": EVAL_TINY,
+    "recurlen report runs/steps-curve/eval --out runs/steps-curve": [],
     "make tensorboard": [],
     # docs/data.md's worked example: its own held-out settings, as written, on the folder of .txt files.
     "recurlen finetune data.source=data/my-corpus data.val_fraction=0.1 data.val_mode=windows data.val_sequences=8 "
@@ -87,6 +94,7 @@ TASK_TINY = {
     "make passkey": [*_TASK_RUN, "intervention.fit_batches=2", "task.lengths=[256,512]"],
     "make babilong": [*_TASK_RUN, "intervention.fit_batches=2", "task.lengths=[256,512]", "task.babilong.tasks=[qa1]"],
     "make copying": [*_TASK_RUN, "task.copying.seeds=[0]", "task.copying.parallel=1"],
+    "make niah": [*_TASK_RUN, "intervention.fit_batches=2", "task.lengths=[512]", "task.niah.depths=[0.5]"],
 }
 
 
