@@ -67,20 +67,24 @@ def causal_conv(x_BLC: torch.Tensor, weight_CK: torch.Tensor, bias_C: torch.Tens
 
 def _reset_conv(x_pad_BLC: torch.Tensor, weight_CK: torch.Tensor, bias_C: torch.Tensor | None,
                 resets_BL: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The conv with tap k (reading W - k positions back) masked where the position's document is younger than
-    that: as if each document started from a zero window. Plain autograd: d_conv masked multiply-adds."""
+    """The conv as if each document started from a zero window: the plain conv, less the taps that read an earlier
+    document. Only the W positions after each flag have such taps, so the correction is gathered there alone
+    (a few positions per document) instead of masking every tap everywhere."""
     width = weight_CK.shape[1]
     w = width - 1
-    length = x_pad_BLC.shape[1] - w
-    age_BL1 = document_age(resets_BL, w).unsqueeze(-1)
-    weight_KC = weight_CK.t()
-    out_BLC = x_pad_BLC[:, w:] * weight_KC[w]
-    for k in range(w):
-        out_BLC = out_BLC + x_pad_BLC[:, k:k + length] * (age_BL1 >= w - k).to(x_pad_BLC.dtype) * weight_KC[k]
-    if bias_C is not None:
-        out_BLC = out_BLC + bias_C
+    weight_KC = weight_CK.t().contiguous()
+    out_BLC = _ShiftConv.apply(x_pad_BLC, weight_KC, bias_C)
+    age_BL = document_age(resets_BL, w)
+    rows, cols = (age_BL < w).nonzero(as_tuple=True)
+    if rows.numel():
+        taps = torch.arange(width, device=rows.device)
+        x_nKC = x_pad_BLC[rows.unsqueeze(1), cols.unsqueeze(1) + taps]  # tap k of output t reads x_pad[t + k]
+        # Tap k reads W - k positions back: another document's where the position's document is younger.
+        earlier_nK = age_BL[rows, cols].unsqueeze(1) < w - taps
+        correction_nC = (x_nKC * weight_KC * earlier_nK.unsqueeze(-1).to(x_nKC.dtype)).sum(dim=1)
+        out_BLC = out_BLC.index_put((rows, cols), -correction_nC, accumulate=True)
     # Window entry i is the input W - 1 - i positions before the last: kept where the last document reaches it.
-    keep_BW1 = age_BL1[:, -1:] >= torch.arange(w - 1, -1, -1, device=age_BL1.device).view(1, w, 1)
+    keep_BW1 = age_BL[:, -1:].unsqueeze(-1) >= torch.arange(w - 1, -1, -1, device=age_BL.device).view(1, w, 1)
     return out_BLC, (x_pad_BLC[:, -w:] * keep_BW1.to(x_pad_BLC.dtype)).transpose(1, 2)
 
 
