@@ -33,6 +33,6 @@ def test_recurlen_eval_with_fixes_on_a_tiny_run_end_to_end(experiment, tmp_path,
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert [r["label"] for r in runs] == ["run", "run+mambaextend", "run+forget_more"]
     assert runs[1]["fix"]["config"]["steps"] == 1 and runs[2]["fix"]["config"]["grid"] == [1.0, 2.0]
-    assert "fix mambaextend on run" in err
+    assert "fix mambaextend (mambaextend) on run" in err
     rc = cli.main(["eval", str(run_dir), "fixes=[mambaextend]", "fix.mambaextend.stepz=1", "--out", str(out)])
     assert rc == 2 and "fix mambaextend: " in capsys.readouterr().err
