@@ -78,14 +78,17 @@ def mean_matrix(results: dict) -> list[list[float]]:
 
 
 def plot_niah(results: dict) -> Figure:
-    """One depth x length heatmap per task and one of their mean; a dashed line ends the training context."""
-    panels = [(t, results["accuracy"][t]) for t in results["tasks"]] + [("mean over tasks", mean_matrix(results))]
+    """One depth x length heatmap per task and, with several tasks, one of their mean; a dashed line ends the training
+    context (when some evaluated lengths are inside it and some beyond)."""
+    panels = [(t, results["accuracy"][t]) for t in results["tasks"]]
+    panels += [("mean over tasks", mean_matrix(results))] if len(panels) > 1 else []
     lengths, depths = results["lengths"], results["depths"]
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
     fig = Figure(figsize=(1.2 + 0.75 * max(3, len(lengths)) * cols, 0.9 + (0.45 * max(2, len(depths)) + 0.8) * rows))
     train = results.get("train_len")
     inside = [j for j, n in enumerate(lengths) if train and n <= train]
+    dashed = bool(inside) and inside[-1] < len(lengths) - 1
     for k, (name, matrix) in enumerate(panels):
         ax = fig.add_subplot(rows, cols, k + 1)
         data = np.array(matrix, dtype=float)
@@ -95,7 +98,7 @@ def plot_niah(results: dict) -> Figure:
         for i in range(data.shape[0]):
             for j in range(data.shape[1]):
                 ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6)
-        if inside and inside[-1] < len(lengths) - 1:
+        if dashed:
             ax.axvline(inside[-1] + 0.5, color="k", linestyle="--", linewidth=1)
         ax.set_title(name, fontsize=9)
         if k % cols == 0:
@@ -104,7 +107,7 @@ def plot_niah(results: dict) -> Figure:
             ax.set_xlabel("prompt length (tokens)")
     title = f"needle in a haystack ({results['trials']} trials per cell, {results.get('haystack', '?')} haystack)"
     if train:
-        title += f", trained at {train} tokens (dashed)"
+        title += f", trained at {train} tokens" + (" (dashed)" if dashed else "")
     fig.suptitle(title, fontsize=10)
     fig.colorbar(im, ax=fig.axes, label="accuracy", shrink=0.8)
     return fig

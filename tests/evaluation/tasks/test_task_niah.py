@@ -165,3 +165,17 @@ def test_tiny_niah_run_writes_results_heatmap_and_report(tmp_path, run_tiny_task
     assert "### Needle in a haystack" in text and "run (T = 400, heldout haystack, 2 trials per cell)" in text
     assert f"| multivalue | {by_len['400']:.2f} | {by_len['520']:.2f} |" in text
     assert "![niah run](niah_0_run.png)" in text and (tmp_path / "report" / "niah_0_run.png").is_file()
+
+
+def test_heatmap_has_a_panel_per_task_and_their_mean():
+    from recurlen.evaluation.tasks.niah_eval import mean_matrix, plot_niah
+
+    acc = {"single_number": [[1.0, 0.5], [0.0, 0.5]], "multikey": [[0.0, 0.5], [1.0, 0.0]]}
+    res = {"tasks": list(acc), "lengths": [512, 1024], "depths": [0.0, 1.0], "trials": 2, "haystack": "filler",
+           "train_len": 512, "accuracy": acc}
+    assert mean_matrix(res) == [[0.5, 0.5], [0.5, 0.25]]
+    fig = plot_niah(res)
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["single_number", "multikey", "mean over tasks"]
+    assert fig._suptitle.get_text().endswith("trained at 512 tokens (dashed)")
+    one = plot_niah({**res, "tasks": ["multikey"], "train_len": 256})  # one task: no mean; no length inside T
+    assert [ax.get_title() for ax in one.axes[:-1]] == ["multikey"] and "(dashed)" not in one._suptitle.get_text()
