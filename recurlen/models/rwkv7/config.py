@@ -55,6 +55,11 @@ class RWKV7Config(FlaConfig):
     vocab_size: int = 257
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
+    decay_offset_range: tuple[float, float] | None = None
+    """None: fla's from-scratch decay offset (BlinkDL's w0, the bias of w_lora), ramped over channels and layers
+    from about -8 to +3: decays exp(-exp(-1/2) sigmoid(w0)) from 0.9998 to 0.56 per token at zero data-dependent
+    input. A range [lo, hi]: w0 spread linearly over each head's channels from lo to hi instead ([-8, -4]: memories of
+    ~90 to ~5000 tokens, the demo's slow start). Only used when training from scratch."""
     zero_residual_init: bool = True
     """fla's (and BlinkDL's) from-scratch init: the time mix's o_proj and the channel mix's value start at zero, so
     an untrained block adds nothing to the residual stream and does not read its state. False: both start as fla's
@@ -66,9 +71,10 @@ class RWKV7Config(FlaConfig):
 
     MODEL_TYPE = "rwkv7"
     TITLE = "an RWKV-7"
-    RECURLEN_ONLY = frozenset({"chunk_size", "head_norm_eps", "zero_residual_init"})
+    RECURLEN_ONLY = frozenset({"chunk_size", "head_norm_eps", "zero_residual_init", "decay_offset_range"})
 
     def __post_init__(self) -> None:
+        self.check_range("decay_offset_range")
         self.check_positive_ints(("hidden_size", "num_hidden_layers", "head_dim", "decay_low_rank_dim",
                                   "gate_low_rank_dim", "a_low_rank_dim", "v_low_rank_dim", "vocab_size",
                                   "chunk_size"))

@@ -261,7 +261,9 @@ class RWKV7LM(FlaLM):
         attn.k_a.fill_(1.02)
         attn.r_k.fill_(-0.04)
         attn.k_k.copy_(0.71 - linear * 0.1)
-        attn.w_lora.reset(www + 0.5 + zigzag * 2.5)
+        w0 = www + 0.5 + zigzag * 2.5 if cfg.decay_offset_range is None else \
+            torch.linspace(*cfg.decay_offset_range, n, dtype=torch.float64).repeat(cfg.num_heads)
+        attn.w_lora.reset(w0)
         attn.a_lora.reset(-0.19 + zigzag * 0.3 + linear * 0.4)
         if hasattr(attn, "v_lora"):
             attn.v_lora.reset(0.73 - linear * 0.4)

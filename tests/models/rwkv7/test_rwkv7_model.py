@@ -173,3 +173,19 @@ def test_the_nano_model_reads_its_state_from_the_start():
             moved, _ = model(ids, random_state(model, 1))
         changes[zero] = float((moved - base).abs().max() / base.abs().max())
     assert changes[True] == 0.0 and changes[False] > 1e-2, changes
+
+
+def test_decay_offset_range_sets_the_starting_memories():
+    """The demo's slow start: w0 spread over each head's channels, so at init (lora.0 zero) the decays per token are
+    exp(-exp(-1/2) sigmoid(w0)): 0.9998 .. 0.989 for [-8, -4]; fla's ramp otherwise."""
+    model = RWKV7LM(RWKV7Config(**NANO, decay_offset_range=[-8.0, -4.0])).requires_grad_(False)
+    x = torch.randn(3, 64)
+    for block in model.model.layers:
+        w0 = block.attn.w_lora(x)  # the data-dependent part starts at zero
+        torch.testing.assert_close(w0, torch.linspace(-8.0, -4.0, 16).repeat(4).expand(3, -1))
+        decay = torch.exp(-math.exp(-0.5) * torch.sigmoid(w0))
+        assert 0.9997 < float(decay.max()) < 0.9999 and 0.988 < float(decay.min()) < 0.990
+    assert RWKV7Config(**NANO, decay_offset_range=[-8, -4]).decay_offset_range == (-8.0, -4.0)
+    assert "decay_offset_range" not in RWKV7Config(**NANO).to_official_json()
+    fla = RWKV7LM(RWKV7Config(**NANO)).model.layers[0].attn.w_lora.lora[2].bias.detach()
+    assert float(fla.min()) == pytest.approx(-8.0) and float(fla.max()) > 0
