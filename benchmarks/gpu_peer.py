@@ -227,6 +227,7 @@ def compare_train_step(*, shape: str, batch: int, length: int, device: str, roun
             run(name, timed)
         except torch.cuda.OutOfMemoryError as err:  # one peer out of memory: the others are still measured
             failed[name] = f"out of memory: {str(err).splitlines()[0][:200]}"
+            steps[name][2].zero_grad(set_to_none=True)  # what the failed step left must not weigh on the others
             if cuda:
                 torch.cuda.empty_cache()
 
