@@ -39,6 +39,25 @@ def test_gpu_check_help_lists_its_options():
         assert option in done.stdout
 
 
+
+def test_the_development_doc_describes_the_check_the_script_runs(monkeypatch):
+    """docs/development.md's gpu-check section states the script's targets, shapes and defaults (it described the
+    retired 10x-the-torch-path target and 20 steps per intervention after the script had moved on)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py"])
+    import gpu_check
+    import gpu_peer
+
+    args = gpu_check.parse_args()
+    doc = (REPO / "docs" / "development.md").read_text()
+    section = doc[doc.index("## `make gpu-check`"):doc.index("### Measured on one H200")]
+    assert f"recurlen >= {gpu_peer.TOKENS_PER_S_TARGET}x mamba-ssm's tokens/s at <= its peak memory" in section
+    assert f"`--steps` (default {args.steps})" in section and f"default {args.budget_s:.0f} s" in section
+    for shape, batch in gpu_peer.SHAPES.items():
+        assert f"{shape} shape ({batch} x 2048" in section, shape
+    assert "within 10 minutes" in section and "MambaLMHeadModel" in section and "--cpu-rehearsal" in section
+    assert "10x" not in section and "20 steps" not in section
+
 # --------------------------------------------------------------------------------------------- the peer comparison
 @pytest.fixture(autouse=True)
 def benchmarks_importable(monkeypatch):
