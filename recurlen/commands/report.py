@@ -32,7 +32,7 @@ from pathlib import Path
 
 from recurlen.diagnostics.compare import FLAT_TOL
 from recurlen.diagnostics.plots import PLOT_NAMES, results_file, write_plots
-from recurlen.evaluation.fixes.report import fixes_section
+from recurlen.evaluation.fixes.report import fixes_section, fixes_task_lines
 from recurlen.evaluation.steps_curve import STEPS_PNG, plot_steps_curve, steps_curves, steps_lines
 from recurlen.evaluation.tasks.report import check_task_result, is_task_result, strip_private, task_sections
 from recurlen.util.atomic_files import save_figure, write_json, write_text
@@ -240,6 +240,7 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     curves = steps_to_hold(runs, out)
     lines += steps_lines(curves) if curves else []
     lines += task_sections(tasks, out)
+    lines += fixes_task_lines(tasks)
     if timings:
         # Steps as the stage's checkpoint holds them (what was trained, not what was asked for).
         lines += ["## Stages", "", "| stage | steps | seconds | reused |", "|---|---|---|---|"]

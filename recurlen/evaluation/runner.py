@@ -27,7 +27,6 @@ that are not finite are written as null.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,11 +38,12 @@ from recurlen.diagnostics.model_access import available_length, require_state_ap
 from recurlen.diagnostics.plots import PLOT_NAMES, RESULTS_NAME, write_plots
 from recurlen.diagnostics.positionwise import evaluate_positionwise
 from recurlen.evaluation import fixes as fix_table
+from recurlen.evaluation.fixes import arguments as fix_args
 from recurlen.models import registry
 from recurlen.training.resume import checkpoint_to_read
 from recurlen.training.run_dir import load_model, run_dir_of
 from recurlen.util.atomic_files import json_safe, write_json
-from recurlen.util.errors import UserError, user_input
+from recurlen.util.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -140,34 +140,22 @@ class EvalConfig:
         dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
         if dupes:
             raise ValueError(f"eval: checkpoint labels must be unique; {dupes} repeat (write them as 'label=path')")
-        self.fixes = [str(f) for f in self.fixes]
-        self.fix = {str(k): dict(v or {}) for k, v in dict(self.fix).items()}
+        self.fixes, self.fix = fix_args.normalise(self.fixes, self.fix)
         if self.fix_base is not None and self.fix_base not in labels:
             raise ValueError(f"eval: fix_base={self.fix_base!r} is not a checkpoint's label; labels: {labels}")
-        keys = [key for key, _ in self.fix_keys()]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"eval: fixes repeat a key: {self.fixes} (write KEY=NAME to give one fix twice)")
-        stray = sorted(set(self.fix) - set(keys))
-        if stray:
-            raise ValueError(f"eval: settings for fixes {stray} that are not in fixes={self.fixes}")
-        self.fix_configs()  # unknown fixes and settings fail here, before anything loads
+        fix_args.check_arguments(self.fixes, self.fix, what="eval")
 
     def fix_keys(self) -> list[tuple[str, str]]:
         """[(key, fix name)] of `fixes`: KEY=NAME, or NAME as its own key."""
-        return [(spec.partition("=")[0], spec.partition("=")[2]) if "=" in spec else (spec, spec)
-                for spec in self.fixes]
+        return fix_args.fix_keys(self.fixes)
 
     def fix_configs(self) -> list[tuple[str, fix_table.Fix, Any]]:
         """[(key, fix, its typed settings)] in the order of `fixes`."""
-        out = []
-        for key, name in self.fix_keys():
-            fix = fix_table.get(name)
-            out.append((key, fix, fix.make_config(self.fix.get(key))))
-        return out
+        return fix_args.fix_configs(self.fixes, self.fix)
 
     def calibration_rows(self) -> int:
         """Held-out sequences the fixes' calibrations need beside the evaluation's (the most any one needs)."""
-        return max([cfg.rows_needed() for _, _, cfg in self.fix_configs()], default=0)
+        return fix_args.calibration_rows(self.fixes, self.fix)
 
     def scored_rows(self) -> int:
         """Held-out sequences the evaluation scores (the first ones); calibration takes the ones after."""
@@ -293,21 +281,12 @@ def _evaluate_fixes(cfg: EvalConfig, sequences, *, device: torch.device) -> list
         if train_len is None:
             raise UserError(f"eval [{base}+{key}]: {labelled[base]} does not record its training context; set "
                             "train_len= (EvalConfig.train_len)")
-        fix.check_model(loaded.model)
-        calibration = None
-        if fix_cfg.rows_needed() and len(rest) >= fix_cfg.rows_needed():
-            length = fix_cfg.length or cfg.seq_len or available_length(rest, fix_cfg.sequences)
-            with user_input():
-                calibration = select_sequences(rest, length=length, num=fix_cfg.sequences,
-                                               what=f"fix {fix.name} calibration")
-        started = time.perf_counter()
-        record = fix.apply(loaded.model, fix_cfg, calibration=calibration, train_len=train_len)
-        seconds = time.perf_counter() - started
         label = f"{base}+{key}"
-        log.info("fix %s (%s) on %s: %s in %.1f s", key, fix.name, base, record.values, seconds)
+        record = fix_args.apply_fix(loaded.model, key, fix, fix_cfg, base=base, rows=rest, length=cfg.seq_len,
+                                    train_len=train_len)
         entry = evaluate_model(loaded.model, sequences, cfg=cfg, train_len=train_len, label=label,
                                source=loaded.source, device=device)
-        entry["fix"] = {**record.to_dict(), "key": key, "base": base, "seconds": seconds}
+        entry["fix"] = record
         log.info("%s", _summary_line(entry))
         entries.append(entry)
         del loaded

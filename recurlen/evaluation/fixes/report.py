@@ -1,11 +1,13 @@
 """The report's section on training-free fixes: each fix beside the runs, with what it cost.
 
     lines = fixes_section(runs)     # runs: results.json run entries; [] when no entry is a fix's
+    lines += fixes_task_lines(tasks)  # tasks: passkey / niah results.json; [] when none has "fixes"
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _fmt(x, spec: str) -> str:
@@ -64,4 +66,34 @@ def fixes_section(runs: Sequence[dict]) -> list[str]:
     return lines + [""]
 
 
-__all__ = ["fixes_section"]
+TASK_TITLES = {"passkey": "passkey accuracy (mean over depths)", "niah": "needle-in-a-haystack score (mean over "
+                                                                            "tasks and depths)"}
+
+
+def fixes_task_lines(tasks: Sequence[dict]) -> list[str]:
+    """Markdown lines: for each passkey / niah result with fixes, the model and every fix by prompt length."""
+    with_fixes = [t for t in tasks if t.get("fixes") and t.get("task") in TASK_TITLES]
+    if not with_fixes:
+        return []
+    lines = ["## Fixes that need no training, on the tasks", "",
+             "Each fix applied to a fresh copy of the model, calibrated on held-out text (not the task's prompts), "
+             "then scored on the same prompts as the model. A fix that flattens full - reset but scores 0 past T "
+             "keeps the loss by forgetting, not by remembering.", ""]
+    for t in with_fixes:
+        lengths = [int(n) for n in t["lengths"]]
+        T = t.get("train_len")
+        cols = [f"{n}" + (f" ({n / T:g}T)" if T else "") for n in lengths]
+        lines += [f"{TASK_TITLES[t['task']]}, {t.get('trials', '?')} trials per cell, by prompt tokens:", "",
+                  "| model | " + " | ".join(cols) + " | calibration s |", "|---" * (len(cols) + 2) + "|"]
+        rows = [(Path(str(t.get("model", "?")).rstrip("/")).name, t, None)] + \
+               [(e["label"], e, e["fix"]) for e in t["fixes"]]
+        for label, r, fix in rows:
+            mean = {int(n): a for n, a in (r.get("mean_accuracy_by_length") or {}).items()}
+            cal = (fix or {}).get("calibration") or {}
+            cost = "-" if fix is None else _fmt(cal.get("seconds"), ".1f") if cal else "0 (given)"
+            lines.append(f"| {label} | " + " | ".join(_fmt(mean.get(n), ".2f") for n in lengths) + f" | {cost} |")
+        lines += [""]
+    return lines
+
+
+__all__ = ["fixes_section", "fixes_task_lines"]

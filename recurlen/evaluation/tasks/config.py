@@ -13,6 +13,7 @@ tokenized with `data.tokenizer`; this section holds only what is specific to the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from recurlen.evaluation.tasks.niah_config import NiahConfig
 from recurlen.training.experiments.schema import ExperimentConfig
@@ -27,6 +28,8 @@ GENERATED_TASKS = ("qa1", "qa2", "qa3")
 GENERATED_MIN_FACTS = {"qa1": 1, "qa2": 3, "qa3": 3}
 """Fewest facts a generated story of each task can have (qa2 / qa3: a move, a pick-up, another move)."""
 COPY_INTERVENTIONS = ("none", "random_noise", "fitted_noise", "state_passing")
+FIX_TASKS = ("passkey", "niah")
+"""Tasks that evaluate training-free fixes beside the model (fixes=[...]): those that evaluate one given model."""
 
 
 def _positive(section: str, name: str, value: object, *, minimum: int = 1) -> None:
@@ -228,6 +231,25 @@ class TaskExperimentConfig(ExperimentConfig):
     """An experiment with a `task` section (experiments/passkey.yaml, babilong.yaml, copying.yaml)."""
 
     task: TaskConfig = field(default_factory=TaskConfig)
+    fixes: list[str] = field(default_factory=list)
+    """Training-free fixes evaluated beside the model (passkey, niah), each on a fresh copy of it (or of fix_base),
+    as `recurlen eval fixes=[...]`: NAME or KEY=NAME, NAME any of recurlen.evaluation.fixes; calibrated on the
+    evaluated run's held-out text (its data config, else data), at the longest evaluated length unless
+    fix.KEY.length says otherwise."""
+    fix_base: str | None = None
+    """What the fixes are applied to: a run directory, .ckpt or pretrained directory. None: the evaluated model."""
+    fix: dict[str, Any] = field(default_factory=dict)
+    """Each fix's settings by its key, fix.KEY.SETTING=VALUE (e.g. fix.mambaextend.steps=40)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from recurlen.evaluation.fixes import arguments as fix_args
+
+        self.fixes, self.fix = fix_args.normalise(self.fixes, self.fix)
+        if self.fixes and self.task.name not in FIX_TASKS:
+            raise ValueError(f"fixes=[...] is evaluated by the tasks {list(FIX_TASKS)}; task.name={self.task.name!r} "
+                             "takes none")
+        fix_args.check_arguments(self.fixes, self.fix, what=f"task {self.task.name}")
 
     @property
     def resolved_run_dir(self) -> str:

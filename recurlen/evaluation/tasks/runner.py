@@ -4,7 +4,9 @@
     results_json = run_task(cfg)
 
 Output directory (task.output_dir, default <run_dir>/<task>):
-    results.json          what a report reads (format "recurlen.tasks.<task>/1"; written atomically)
+    results.json          what a report reads (format "recurlen.tasks.<task>/1"; written atomically); passkey and
+                          niah with fixes=[...]: "fixes", one entry per training-free fix scored like the model
+                          (label BASE+KEY, the fix's record, its accuracies; recurlen.evaluation.tasks.fixed)
     <task>_*.png          the heatmap (passkey, babilong; niah: one per task) or accuracy-by-length plot (copying)
     tb/                   TensorBoard, a run of its own: the figure, and the accuracies against the evaluated
                           length in the section task/ (tags task/<task>/<metric>_by_<axis>/<series>, the length
@@ -134,22 +136,43 @@ def _finish(out: Path, results: dict, figure, scalars: dict) -> Path:
     return out / "results.json"
 
 
+def _fixes(cfg: TaskExperimentConfig, **kw) -> dict:
+    """results.json's "fixes": each training-free fix of cfg.fixes scored like the model (absent without fixes)."""
+    from recurlen.evaluation.tasks.fixed import evaluate_fixes
+
+    entries = evaluate_fixes(cfg, **kw)
+    return {"fixes": entries} if entries else {}
+
+
+def _fix_scalars(task: str, results: dict) -> dict:
+    """Each fix's mean accuracy by length, a line beside the model's mean."""
+    return {task_tag(task, "accuracy", f"mean_{e['label']}"): [(int(n), a) for n, a in
+                                                               e["mean_accuracy_by_length"].items()]
+            for e in results.get("fixes", [])}
+
+
 def run_passkey(cfg: TaskExperimentConfig) -> Path:
     from recurlen.evaluation.tasks.passkey import evaluate_passkey
     from recurlen.evaluation.tasks.plots import plot_passkey
 
     source = _train_or_locate(cfg)
     loaded, tokenizer, tok_spec, device = _load(source, cfg)
-    t, pk = cfg.task, cfg.task.passkey
-    res = evaluate_passkey(loaded.model.eval(), tokenizer, lengths=eval_lengths(cfg), depths=[float(d) for d in
-                           pk.depths], trials=t.trials, seed=t.eval_seed, batch_size=t.eval_batch_size,
-                           chunk_len=t.chunk_len, key_digits=pk.key_digits, max_new_tokens=pk.max_new_tokens)
+    t, pk, lengths = cfg.task, cfg.task.passkey, eval_lengths(cfg)
+
+    def score(model) -> dict:
+        return evaluate_passkey(model, tokenizer, lengths=lengths, depths=[float(d) for d in pk.depths],
+                                trials=t.trials, seed=t.eval_seed, batch_size=t.eval_batch_size, chunk_len=t.chunk_len,
+                                key_digits=pk.key_digits, max_new_tokens=pk.max_new_tokens)
+
+    res = score(loaded.model.eval())
     results = {**_header(cfg, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
-                         device=device), **res}
+                         device=device), **res,
+               **_fixes(cfg, source=source, device=device, length=max(lengths), score=score)}
     scalars = {task_tag("passkey", "accuracy", f"depth_{d:g}"): [(n, results["accuracy"][i][j])
                                                                  for j, n in enumerate(res["lengths"])]
                for i, d in enumerate(res["depths"])}
     scalars[task_tag("passkey", "accuracy", "mean")] = [(int(n), a) for n, a in res["mean_accuracy_by_length"].items()]
+    scalars.update(_fix_scalars("passkey", results))
     return _finish(task_output_dir(cfg), results, plot_passkey(results), scalars)
 
 
@@ -325,14 +348,20 @@ def run_niah(cfg: TaskExperimentConfig) -> Path:
     source = _train_or_locate(cfg)
     loaded, tokenizer, tok_spec, device = _load(source, cfg)
     t, lengths = cfg.task, eval_lengths(cfg)
-    res = evaluate_niah(loaded.model.eval(), tokenizer, t.niah, lengths=lengths, trials=t.trials, seed=t.eval_seed,
-                        batch_size=t.eval_batch_size, chunk_len=t.chunk_len,
-                        haystack=niah_haystack(cfg, tokenizer, source, lengths))
+    haystack = niah_haystack(cfg, tokenizer, source, lengths)
+
+    def score(model) -> dict:
+        return evaluate_niah(model, tokenizer, t.niah, lengths=lengths, trials=t.trials, seed=t.eval_seed,
+                             batch_size=t.eval_batch_size, chunk_len=t.chunk_len, haystack=haystack)
+
+    res = score(loaded.model.eval())
     results = {**_header(cfg, source=source, train_len=loaded.train_seq_len, tokenizer=tok_spec,
-                         device=device), **res}
+                         device=device), **res,
+               **_fixes(cfg, source=source, device=device, length=max(lengths), score=score)}
     scalars = {task_tag("niah", "accuracy", task): [(int(n), a) for n, a in res["accuracy_by_length"][task].items()]
                for task in res["tasks"]}
     scalars[task_tag("niah", "accuracy", "mean")] = [(int(n), a) for n, a in res["mean_accuracy_by_length"].items()]
+    scalars.update(_fix_scalars("niah", results))
     return _finish(task_output_dir(cfg), results, plot_niah(results), scalars)
 
 
