@@ -9,7 +9,8 @@ check, optimizer step or validation.
 Non-finite values:
 
   state   the final state of layer 0 (its recurrent part), as the model returns it in the training step
-  loss    the step's logits, so its loss
+  loss    the step's final hidden states (the LM head's input), so its logits and its loss, on either head loss
+          path (trainer.head_loss: the plain one makes the logits, the chunked one never does)
   grad    a gradient inside a block, before the optimizer step (so the error can name its layer)
   weight  a weight, right after the optimizer step
 """
@@ -47,7 +48,8 @@ class InjectNonFinite(Callback):
         if self.what == "state":
             self._wrap(trainer, model, "forward_hidden", lambda out: (out[0], _poison_first_layer(out[1])))
         elif self.what == "loss":
-            self._wrap(trainer, model, "logits_from_hidden", lambda logits: logits * float("nan"))
+            # The head's input, not its logits: the chunked head loss makes no logits (recurlen.models.head_loss)
+            self._wrap(trainer, model, "forward_hidden", lambda out: (out[0] * float("nan"), *out[1:]))
         elif self.what == "weight":
             def poison_weight(optimizer, args, kwargs) -> None:
                 if trainer.global_step == self.step:  # the step's counter moves on only after this hook

@@ -262,6 +262,14 @@ def test_nan_stops_before_it_is_saved_and_the_advice_works(tmp_path, experiment,
     assert OmegaConf.load(run.config_file).optim.lr == 2.5e-4
 
 
+
+@pytest.mark.parametrize("head_loss", ["plain", "chunked"])
+def test_a_loss_fault_reaches_the_loss_on_either_head_loss_path(tmp_path, experiment, monkeypatch, head_loss):
+    """what=loss makes the step's loss non-finite whether the head makes the logits or the chunked loss never does."""
+    monkeypatch.setenv(FAULT_ENV, "point=step,step=1,action=nan,what=loss")
+    with pytest.raises(NonFinite, match=r"non-finite training loss \(nan\) at global step 1"):
+        run_finetune(experiment(tmp_path / "run", *RUN, f"trainer.head_loss={head_loss}"))
+
 def test_the_fault_hooks_are_there_only_when_a_fault_is_asked_for(tmp_path, experiment, monkeypatch):
     cfg = experiment(tmp_path / "run", *RUN)
     monkeypatch.delenv(FAULT_ENV, raising=False)
