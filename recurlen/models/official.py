@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from recurlen.models.timescales import prepare_to_write
 from recurlen.util.atomic_files import save_torch, write_text
 from recurlen.util.errors import UserError, load_error
 
@@ -214,6 +215,7 @@ def save(model: nn.Module, directory: str | Path, fmt: OfficialFormat, *, dtype:
          weights: str | None = None) -> Path:
     """The official layout; float32 by default so that a round trip is exact (pass float16 to match the hub).
     weights: 'safetensors', 'bin', or None for the format's own file (what its reference library reads)."""
+    prepare_to_write(model)  # a fix's scale is folded into the weights or refused, never dropped
     return write_checkpoint(directory, config_json=model.config.to_official_json(),
                             recurlen_config=model.config.to_dict(), state=model.state_dict(),
                             weights=weights_file(weights, fmt.weights), dtype=dtype,

@@ -14,13 +14,16 @@ MambaExtend scales dt, spectrum scaling scales A. An architecture offers this by
 
 The scales are plain attributes, not parameters or buffers: state_dict, checkpoints and the official format are
 the model's own, and a scale of None costs nothing. A scale that the official format cannot express (dt) lives only
-on the loaded model; `fold_A_scales` moves the A scales into A_log, exactly (A = -exp(A_log)).
+on the loaded model; `fold_A_scales` moves the A scales into A_log, exactly (A = -exp(A_log)). Writing the weights
+(`prepare_to_write`, called by the official and transformers writers) folds an A scale and refuses a dt scale.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+
+from recurlen.util.errors import UserError
 
 KNOBS = ("dt", "A", "A_log")
 
@@ -71,4 +74,32 @@ def fold_A_scales(model: nn.Module) -> bool:
     return True
 
 
-__all__ = ["KNOBS", "fold_A_scales", "knobs", "mixers", "scaled", "set_scales", "softplus_inverse"]
+def _set(scale: torch.Tensor | None) -> bool:
+    """A scale that changes the model (None and 1 leave it as trained)."""
+    return scale is not None and bool((scale.detach() != 1).any())
+
+
+def prepare_to_write(model: nn.Module) -> None:
+    """Before the weights are written (save_pretrained, `recurlen export`): fold each A scale into A_log (exact),
+    and refuse, in one line, a scale the written format cannot hold (a dt scale; an A scale without A_log), which
+    writing the weights would silently drop."""
+    if not knobs(model):
+        return
+    layers = mixers(model)
+    dt = [float(m.dt_scale) if _set(getattr(m, "dt_scale", None)) else 1.0 for m in layers]
+    if any(s != 1.0 for s in dt):
+        raise UserError(f"{type(model).__name__} has its dt scaled per layer ({', '.join(f'{s:.3g}' for s in dt)}: "
+                        "MambaExtend), which no weights file can hold (softplus(x + b) s is no softplus of an affine "
+                        "map of x), so writing it would drop the fix; evaluate it where it lives, on the loaded model "
+                        "(recurlen eval / passkey / niah fixes=[mambaextend]), or write the model without it")
+    if any(_set(getattr(m, "A_scale", None)) for m in layers):
+        if "A_log" not in knobs(model):
+            raise UserError(f"{type(model).__name__} has its A scaled per layer (a_scale), which its weights cannot "
+                            "hold (A comes from the input, there is no A_log to fold it into), so writing it would "
+                            "drop the fix; evaluate it on the loaded model (fixes=[a_scale]) or write the model "
+                            "without it")
+        fold_A_scales(model)
+
+
+__all__ = ["KNOBS", "fold_A_scales", "knobs", "mixers", "prepare_to_write", "scaled", "set_scales",
+           "softplus_inverse"]

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from recurlen.models import official
+from recurlen.models.timescales import prepare_to_write
 from recurlen.util.atomic_files import write_text
 
 
@@ -140,6 +141,7 @@ def save(model: nn.Module, directory: str | Path, fmt: TransformersFormat, *, dt
     """config.json (+ `extra` fields, e.g. token ids), generation_config.json (those ids, the padded rows never
     generated) and the weights under transformers' names; weights: 'safetensors' (default) or 'bin'. The tied head
     is left out of a safetensors file, as transformers does."""
+    prepare_to_write(model)  # a fix's scale is folded into the weights or refused, never dropped
     tied = getattr(model.config, model.official.tie_flag)
     config_json = {**fmt.config_json(model.config), "dtype": str(dtype).removeprefix("torch."), **(extra or {})}
     path = official.write_checkpoint(

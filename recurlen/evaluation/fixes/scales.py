@@ -10,7 +10,8 @@ What differs from the papers' code: the scales start at 1 (the model as trained;
 values in [0.75, 1]) and are searched in log space; the loss is recurlen's calibration NLL (nats) rather than
 perplexity; and an A scale is folded into A_log after calibration (A_log + log s), so a saved or exported model
 keeps it. A dt scale has no exact place in the weights (softplus(x + b) s is no softplus of an affine map of x): it
-stays on the loaded model (recurlen.models.timescales), which the evaluation and tasks use, but an export does not.
+stays on the loaded model (recurlen.models.timescales), which the evaluation and tasks use; writing such a model's
+weights (save_pretrained, `recurlen export`) is refused in one line instead of dropping the scale.
 """
 
 from __future__ import annotations
