@@ -9,6 +9,8 @@ handed in), float32, rows whose documents start on a chunk edge of the scans and
 row flagged at position 0 and a row without flags.
 """
 
+import dataclasses
+import importlib
 import sys
 from pathlib import Path
 
@@ -28,56 +30,42 @@ ROWS = (
     (True, (1, 12, 4, 20, 3)),  # flagged at 0; a one-token document first
     (False, (40,)),  # one document
 )
-SHAPES = {"mamba2": dict(d_model=32), "mamba3": dict(d_model=32), "gated_deltanet": dict(head_dim=16)}
-"""Smaller than the nano models where the interpreter's time is long (every kernel program runs in numpy)."""
+SMALLER = {"d_model": 32}
+"""Config fields set smaller than the nano models' where a config has them: the interpreter runs every kernel program
+in numpy."""
 
 
-def _fla_afresh(module: str, loader: str):
-    """An fla op's cached loader cleared, so that it imports the op now, under the interpreter (and after)."""
-    import importlib
+@pytest.fixture
+def kernels_under_interpreter(triton_cpu):
+    """`load(name)`: the architecture's kernels imported afresh under the interpreter (every cached loader of its
+    kernels module cleared, before and after), with its folder's interpreter harness applied where it has one
+    (tests/models/<name>/<name>_interpreter_patches.py, as Mamba-3's, whose kernels need patches to run there)."""
+    undo = []
 
-    load = getattr(importlib.import_module(module), loader)
-    load.cache_clear()
-    found, why = load()
-    if found is None:
-        pytest.fail(f"{module}.{loader}: fla's op does not import ({why}); make test-kernels installs fla-core")
-    yield
-    load.cache_clear()
+    def load(name: str) -> None:
+        arch = registry.get(name)
+        module = importlib.import_module(arch.model_cls.__module__.rsplit(".", 1)[0] + ".kernels")
+        loaders = [f for f in vars(module).values() if callable(getattr(f, "cache_clear", None))]
+        for loader in loaders:
+            loader.cache_clear()
+        undo.append(lambda: [loader.cache_clear() for loader in loaders])
+        found, why = arch.model_cls.kernels.load()
+        if found is None:
+            pytest.fail(f"{arch.model_cls.kernels.what} does not import ({why}); make test-kernels installs it")
+        harness = Path(__file__).parent / name / f"{name}_interpreter_patches.py"
+        if harness.is_file():
+            sys.path.insert(0, str(harness.parent))
+            patches = importlib.import_module(harness.stem)
+            patch = getattr(patches, f"patch_{name}_kernels")()
+            if hasattr(patches, "mamba_ssm_package_in_place"):
+                patches.mamba_ssm_package_in_place(patch)
+            undo.append(patch.undo)
 
-
-@pytest.fixture(scope="module")
-def gated_delta_interpreter(triton_cpu):
-    yield from _fla_afresh("recurlen.models.gated_deltanet.kernels", "_chunk_gated_delta_rule")
-
-
-@pytest.fixture(scope="module")
-def rwkv7_interpreter(triton_cpu):
-    yield from _fla_afresh("recurlen.models.rwkv7.kernels", "_chunk_rwkv7")
-
-
-@pytest.fixture(scope="module")
-def mamba3_interpreter(triton_cpu):
-    """mamba-ssm's Mamba-3 kernel, patched for the interpreter as tests/models/mamba3's harness does."""
-    from recurlen.models.mamba3 import kernels
-
-    sys.path.insert(0, str(Path(__file__).parent / "mamba3"))
-    from mamba3_interpreter_patches import mamba_ssm_package_in_place, patch_mamba3_kernels
-
-    kernels._mamba3_kernel.cache_clear()
-    fn, why = kernels._mamba3_kernel()
-    if fn is None:
-        pytest.fail(f"mamba-ssm's Mamba-3 kernel does not import ({why}); make test-kernels installs it")
-    patch = patch_mamba3_kernels()
-    mamba_ssm_package_in_place(patch)
-    yield
-    patch.undo()
-    kernels._mamba3_kernel.cache_clear()
+    yield load
+    for step in reversed(undo):
+        step()
 
 
-INTERPRETERS = {"mamba2": "triton_interpreter", "gla": "fla_interpreter", "rwkv6": "fla_rwkv6_interpreter",
-                "gated_deltanet": "gated_delta_interpreter", "mamba3": "mamba3_interpreter",
-                "rwkv7": "rwkv7_interpreter"}
-"""The fixture that imports each architecture's kernels under the interpreter."""
 TOLERANCES = {"rwkv7": (5e-4, 1e-3)}
 """(logits and states, gradients) where a kernel is less exact than 1e-5 / 1e-4 against the torch path without packed
 rows too (RWKV-7's: tests/models/rwkv7/test_rwkv7_kernels_cpu.py's KERNEL_TOL, GRAD_TOL)."""
@@ -107,13 +95,14 @@ def forward_backward(model, ids, init, resets, backend):
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_packed_kernel_path_equals_torch_path(name, nano_model, close_scaled, request):
-    kernels = registry.get(name).model_cls.kernels
+def test_packed_kernel_path_equals_torch_path(name, nano_model, close_scaled, kernels_under_interpreter):
+    arch = registry.get(name)
+    kernels = arch.model_cls.kernels
     if kernels.install_cpu is None:
         pytest.skip(f"{kernels.what} has no CPU path (the torch path's packed rows are tested on CPU)")
-    assert name in INTERPRETERS, f"{name}'s kernels run on CPU: add the fixture that imports them to INTERPRETERS"
-    request.getfixturevalue(INTERPRETERS[name])
-    model = nano_model(name, chunk_size=CHUNK, **SHAPES.get(name, {}))
+    kernels_under_interpreter(name)
+    fields = {f.name for f in dataclasses.fields(arch.config_cls)}
+    model = nano_model(name, chunk_size=CHUNK, **{k: v for k, v in SMALLER.items() if k in fields})
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, model.config.vocab_size, (len(ROWS), LENGTH + 1), generator=g)
     zero = model.zero_state(len(ROWS))
