@@ -155,7 +155,7 @@ def _task(name: str) -> Callable[[Words], int]:
     def run(w: Words) -> int:
         cfg, _, plan, refusals = _experiment(w, name, default=name)
         if w.dry_run:
-            return _dry(plan, refusals)
+            return _dry(plan + _task_fix_plan(cfg), refusals)
         from recurlen.evaluation.tasks.runner import run_task
 
         log.info("%s done: %s", name, run_task(cfg))
@@ -235,11 +235,22 @@ def _fix_plan(cfg) -> list[str]:
     """The dry run's line on the training-free fixes: each with its settings and the run it is applied to."""
     if not cfg.fixes:
         return []
+    from recurlen.evaluation.fixes.arguments import describe
+
     base = cfg.fix_base or cfg.labelled_checkpoints()[0][0]
-    shown = [f"{key} ({fix.name}: {', '.join(f'{k}={v}' for k, v in vars(c).items())})"
-             for key, fix, c in cfg.fix_configs()]
-    return [f"  fixes on {base:6s} {'; '.join(shown)}, calibrated on {cfg.calibration_rows()} held-out sequence(s) "
-            f"after the {cfg.scored_rows()} scored"]
+    return [f"  fixes on {base:6s} {describe(cfg.fixes, cfg.fix)}, calibrated on {cfg.calibration_rows()} held-out "
+            f"sequence(s) after the {cfg.scored_rows()} scored"]
+
+
+def _task_fix_plan(cfg) -> list[str]:
+    """The task's dry-run line on the training-free fixes (passkey, niah): settings, base and calibration rows."""
+    if not getattr(cfg, "fixes", None):
+        return []
+    from recurlen.evaluation.fixes.arguments import calibration_rows, describe
+
+    return [f"  fixes on {cfg.fix_base or 'the evaluated model'}: {describe(cfg.fixes, cfg.fix)}, calibrated on "
+            f"{calibration_rows(cfg.fixes, cfg.fix)} held-out sequence(s) of its data after the first "
+            f"{cfg.task.trials}"]
 
 
 def cmd_eval(w: Words) -> int:

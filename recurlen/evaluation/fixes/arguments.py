@@ -58,6 +58,12 @@ def calibration_rows(fixes: list[str], settings: dict[str, Any]) -> int:
     return max([cfg.rows_needed() for _, _, cfg in fix_configs(fixes, settings)], default=0)
 
 
+def describe(fixes: list[str], settings: dict[str, Any]) -> str:
+    """The dry run's words for the fixes: each key with its fix and every setting."""
+    return "; ".join(f"{key} ({fix.name}: {', '.join(f'{k}={v}' for k, v in vars(c).items())})"
+                     for key, fix, c in fix_configs(fixes, settings))
+
+
 def apply_fix(model: torch.nn.Module, key: str, fix: Fix, cfg: Any, *, base: str, rows, length: int | None,
               train_len: int) -> dict:
     """Apply one fix to `model` in place, calibrated on the first held-out `rows` cut to cfg.length (else `length`,
@@ -76,4 +82,4 @@ def apply_fix(model: torch.nn.Module, key: str, fix: Fix, cfg: Any, *, base: str
     return {**record.to_dict(), "key": key, "base": base, "seconds": seconds}
 
 
-__all__ = ["apply_fix", "calibration_rows", "check_arguments", "fix_configs", "fix_keys", "normalise"]
+__all__ = ["apply_fix", "calibration_rows", "check_arguments", "describe", "fix_configs", "fix_keys", "normalise"]

@@ -64,6 +64,12 @@ def test_niah_with_a_fix_given_its_settings_needs_no_calibration(tiny_run, tmp_p
 
 
 def test_task_fix_arguments_are_checked_as_eval_checks_them(tiny_run, tmp_path, capsys, cli_logs):
+    rc = cli.main(_task("passkey", tiny_run, tmp_path / "p", "fixes=[mambaextend,cap=forget_more]",
+                        "fix.cap.memory=2", "fix.mambaextend.sequences=3", "--dry-run"))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  fixes on "))
+    assert rc == 0 and line.startswith("  fixes on the evaluated model: mambaextend (mambaextend: sequences=3,")
+    assert "cap (forget_more: " in line and line.endswith("calibrated on 3 held-out sequence(s) of its data after "
+                                                          "the first 2")
     rc = cli.main(_task("passkey", tiny_run, tmp_path / "a", "fixes=[mambaextend]", "fix.mambaextend.stepz=1",
                         "--dry-run"))
     assert rc == 2 and "fix mambaextend: " in capsys.readouterr().err
