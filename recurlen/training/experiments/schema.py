@@ -202,6 +202,10 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         """Rules that span sections."""
+        model_cls = registry.get(self.model.architecture).model_cls
+        if self.data.layout == "packed" and not model_cls.supports_resets:
+            raise ValueError(f"data.layout=packed needs a model that resets its state inside a row; "
+                             f"{self.model.architecture} does not (use data.layout=documents)")
         # TBTT over documents also walks packed rows: each document read from zeros, carried across rows.
         allowed = (self.intervention.layout, "packed") if self.intervention.tbptt_over == "documents" else \
             (self.intervention.layout,)

@@ -172,3 +172,12 @@ def test_tbptt_over_documents_takes_packed_rows_and_the_window_form_does_not(exp
     cfg.validate()
     with pytest.raises(ValueError, match="needs data.layout=contiguous .*got data.layout='packed'"):
         experiment(tmp_path / "b", "intervention=tbptt", "intervention.tbptt_over=stream", "data.layout=packed")
+
+
+def test_packed_rows_need_an_architecture_with_resets(experiment, tmp_path, monkeypatch):
+    from recurlen.models import registry
+
+    monkeypatch.setattr(registry.get("mamba2").model_cls, "supports_resets", False)
+    with pytest.raises(ValueError, match="data.layout=packed needs a model that resets its state inside a row; "
+                                         "mamba2 does not"):
+        experiment(tmp_path / "run", "data.layout=packed")
