@@ -11,7 +11,10 @@ set up. The estimate has three parts:
   linear in the lanes and in T: it is scaled to the run's lanes per rank x T. The sum counts views of one buffer
   more than once, which makes it ~20% high; the backward pass's own temporaries make the real peak ~5-10% higher
   than what is saved (measured on the nano and tiny Mamba-2 models at batch 8-16 x T 1024-2048). The two roughly
-  cancel: BACKWARD_FACTOR keeps a margin;
+  cancel: BACKWARD_FACTOR keeps a margin. Where the step computes its loss in chunks (trainer.head_loss=chunked, or
+  auto with logits above one chunk: recurlen.models.head_loss), that loss keeps no logits, only the hidden states'
+  gradient per position and the head weight's float32 gradient once per step, whatever the batch, and so does the
+  estimate (tests/training/test_memory.py measures a chunked step against it);
 - the process itself (Python, torch, the data): PROCESS_BYTES.
 
 The kernel backend (mamba-ssm / fla on CUDA) keeps fewer activations than the PyTorch path measured here, so on
@@ -56,6 +59,8 @@ class MemoryEstimate:
     """'cpu' or 'cuda'."""
     upper_bound: bool = False
     """The activations were measured on the PyTorch path and the run uses kernels (which keep fewer)."""
+    activations_fixed: int = 0
+    """Of the activations, what does not grow with the lanes (the chunked head loss's float32 head gradient)."""
 
     @property
     def fixed(self) -> int:
@@ -75,17 +80,21 @@ class MemoryEstimate:
                 + (", the process ~" + size_text(PROCESS_BYTES) if self.device == "cpu" else "") + ")")
 
     def lanes_that_fit(self, available: int) -> int:
-        return max(0, int((available - self.fixed) / (BACKWARD_FACTOR * self.per_lane))) if self.per_lane else 0
+        room = available - self.fixed - BACKWARD_FACTOR * self.activations_fixed
+        return max(0, int(room / (BACKWARD_FACTOR * self.per_lane))) if self.per_lane else 0
 
 
 def size_text(n: int) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
 
 
-def activation_bytes(architecture: str, config, *, lanes: int, seq_len: int) -> tuple[int, int]:
+def activation_bytes(architecture: str, config, *, lanes: int, seq_len: int,
+                     head_loss: str = "auto") -> tuple[int, int]:
     """(bytes of the activations a training step of `lanes` x `seq_len` tokens keeps for backward, of one lane):
-    one lane's forward pass on the meta device, at min(seq_len, PROBE_LEN), scaled."""
-    from recurlen.training.lit_module import token_loss
+    one lane's forward pass on the meta device, at min(seq_len, PROBE_LEN), scaled, with the loss as
+    trainer.head_loss=`head_loss` computes it at that step's lanes x seq_len positions. The first number is
+    lanes x the second, plus (chunked loss) what the loss keeps once per step."""
+    from recurlen.training.lit_module import chunks_head_loss, token_loss
 
     probe_len = min(seq_len, PROBE_LEN)
     with torch.device("meta"):
@@ -95,6 +104,7 @@ def activation_bytes(architecture: str, config, *, lanes: int, seq_len: int) -> 
     # torch.linspace patched, after which a torch.linspace in an __init__ (RWKV-6's decay ramp) builds on the CPU.
     # Moving what was built is exact for any such tensor and free for the rest.
     model = model.to("meta")
+    chunked = hasattr(model, "head_rows") and chunks_head_loss(model, lanes * seq_len, head_loss)
     params = {id(p) for p in model.parameters()}
     saved = 0
 
@@ -105,25 +115,39 @@ def activation_bytes(architecture: str, config, *, lanes: int, seq_len: int) -> 
         return t
 
     ids = torch.zeros(1, probe_len, dtype=torch.long, device="meta")
+    once = 0  # bytes the loss keeps once per step, however many lanes
     with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
-        logits, _ = model(ids)
-        token_loss(logits, ids, None)
+        if chunked:
+            hidden_1LD, _ = model.forward_hidden(ids)
+        else:
+            logits, _ = model(ids)
+            token_loss(logits, ids, None)
+    if chunked:
+        # What chunked_head_loss saves for its backward, and nothing else (its logits live one chunk at a time): the
+        # hidden states' gradient, in their dtype, and the head weight's, in float32 (float64 for a float64 head).
+        # Read off the shapes: the loss cannot run on the meta device (autocast refuses it), and a test measures it.
+        saved += hidden_1LD.numel() * hidden_1LD.element_size()
+        weight = model.lm_head.weight
+        once = weight.numel() * torch.promote_types(weight.dtype, torch.float32).itemsize
     per_lane = int(saved * seq_len / probe_len)
-    return per_lane * lanes, per_lane
+    return per_lane * lanes + once, per_lane
 
 
 def estimate(model_config, architecture: str, *, lanes: int, seq_len: int, num_params: int, device: str,
-             precision: str, strategy: str, world_size: int, kernels: bool) -> MemoryEstimate:
+             precision: str, strategy: str, world_size: int, kernels: bool,
+             head_loss: str = "auto") -> MemoryEstimate:
     """The memory one rank of a training run needs (see the module docstring)."""
-    activations, per_lane = activation_bytes(architecture, model_config, lanes=lanes, seq_len=seq_len)
+    activations, per_lane = activation_bytes(architecture, model_config, lanes=lanes, seq_len=seq_len,
+                                             head_loss=head_loss)
+    once = activations - per_lane * lanes  # the chunked loss's head gradient: float32 at any precision
     if "16" in precision:  # mixed / half precision keeps most activations in 16 bits
-        activations, per_lane = activations // 2, per_lane // 2
+        activations, per_lane = (activations - once) // 2 + once, per_lane // 2
     weight_bytes = 2 if precision in ("bf16-true", "16-true") else 4
     shards = world_size if strategy.startswith("fsdp") else 1
     weights = num_params * weight_bytes // shards
     return MemoryEstimate(weights=weights, gradients=weights, optimizer=2 * num_params * 4 // shards,
                           activations=activations, per_lane=per_lane, device=device,
-                          upper_bound=kernels and device == "cuda")
+                          upper_bound=kernels and device == "cuda", activations_fixed=once)
 
 
 def available_bytes(device: str) -> int | None:
@@ -197,7 +221,7 @@ def for_experiment(cfg, model=None) -> MemoryEstimate:
     return estimate(model.config, architecture, lanes=cfg.data.batch_size, seq_len=cfg.data.seq_len,
                     num_params=sum(p.numel() for p in model.parameters()), device="cuda" if cuda else "cpu",
                     precision=precision, strategy=t.strategy, world_size=_worldsize_text(t) if cuda else 1,
-                    kernels=kernels)
+                    kernels=kernels, head_loss=t.head_loss)
 
 
 def _worldsize_text(t) -> int:

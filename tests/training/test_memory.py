@@ -7,11 +7,12 @@ import torch
 from recurlen.commands import cli
 from recurlen.models import registry
 from recurlen.training import memory
-from recurlen.training.lit_module import token_loss
+from recurlen.training.lit_module import chunks_head_loss, head_token_loss, token_loss
 
 
-def _saved_for_backward(model, ids) -> int:
-    """Bytes autograd really keeps for one forward pass (each buffer once), on the CPU."""
+def _saved_for_backward(model, ids, *, head_loss: str | None = None) -> int:
+    """Bytes autograd really keeps for one forward pass (each buffer once), on the CPU; with head_loss, the loss as
+    the training step computes it (lit_module.head_token_loss), else token_loss of the whole logits."""
     params = {id(p) for p in model.parameters()}
     seen, total = set(), 0
 
@@ -25,8 +26,12 @@ def _saved_for_backward(model, ids) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits, _ = model(ids)
-        token_loss(logits, ids, None)
+        if head_loss is None:
+            logits, _ = model(ids)
+            token_loss(logits, ids, None)
+        else:
+            hidden, _ = model.forward_hidden(ids)
+            head_token_loss(model, hidden, ids, None, mode=head_loss)
     return total
 
 
@@ -38,6 +43,28 @@ def test_the_meta_device_count_is_close_to_and_above_what_a_real_step_keeps(arch
     estimated, per_lane = memory.activation_bytes(arch, model.config, lanes=lanes, seq_len=seq_len)
     assert estimated == per_lane * lanes
     assert real <= estimated <= 1.5 * real, (arch, real, estimated)
+
+
+@pytest.mark.parametrize("head_loss", ["auto", "chunked"])
+def test_the_estimate_counts_what_the_chunked_head_loss_keeps(nano_model, head_loss):
+    """Where the step computes its loss in chunks (auto: a 50k vocabulary's logits at 2 x 256 positions exceed one
+    chunk), the estimate is close to and above what that step keeps: the hidden states' gradient and the head's float32
+    gradient once, not the whole logits the plain loss keeps (which an estimate of the plain loss counts)."""
+    model = nano_model("mamba2", vocab_size=50277).train()
+    lanes, seq_len = 2, 256
+    assert chunks_head_loss(model, lanes * seq_len, "auto")
+    real = _saved_for_backward(model, torch.zeros(lanes, seq_len, dtype=torch.long), head_loss=head_loss)
+    estimated, per_lane = memory.activation_bytes("mamba2", model.config, lanes=lanes, seq_len=seq_len,
+                                                  head_loss=head_loss)
+    assert real <= estimated <= 1.5 * real, (real, estimated)
+    once = estimated - lanes * per_lane  # the head's gradient, float32, whatever the lanes and the precision
+    assert once == model.lm_head.weight.numel() * 4
+    plain, _ = memory.activation_bytes("mamba2", model.config, lanes=lanes, seq_len=seq_len, head_loss="plain")
+    assert plain > 1.5 * real
+    half = memory.estimate(model.config, "mamba2", lanes=lanes, seq_len=seq_len, num_params=1, device="cuda",
+                           precision="bf16-mixed", strategy="ddp", world_size=1, kernels=False, head_loss=head_loss)
+    assert (half.per_lane, half.activations_fixed) == (per_lane // 2, once)
+    assert half.activations == (lanes * per_lane) // 2 + once
 
 
 def test_activations_scale_linearly_past_the_probe_length(nano_model):
