@@ -141,7 +141,8 @@ def test_the_official_rows_are_the_published_checkpoints():
         **{f"mamba1-{size}": (f"state-spaces/mamba-{size}", 2048, None)
            for size in ("130m", "370m", "790m", "1.4b", "2.8b")},
         "gla-340m": ("fla-hub/gla-340M-15B", 2048, None), "gla-1.3b": ("fla-hub/gla-1.3B-100B", 2048, None),
-        **{f"rwkv6-{size}": ("BlinkDL/rwkv-6-world", 4096, None) for size in ("1.6b", "3b", "7b")}}
+        **{f"rwkv6-{size}": ("BlinkDL/rwkv-6-world", 4096, None) for size in ("1.6b", "3b", "7b")},
+        **{f"rwkv7-{size}": ("BlinkDL/rwkv-7-world", 4096, None) for size in ("0.4b", "1.5b")}}
     # The CPU rows: every architecture's nano and tiny shapes (the tests and the demo need both), and Mamba-2's small.
     cpu = {f"{arch.prefix}{size}" for arch in registry.architectures().values() for size in ("nano", "tiny")}
     assert {row.name for row in table.rows() if not row.hub_id} == cpu | {"small"}
