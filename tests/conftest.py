@@ -1,6 +1,6 @@
 """Shared test setup: the architectures, a small model of each, the corpus cache, a tiny post-training run."""
 
-import ast
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,46 +103,21 @@ def run_tiny_task(tmp_path, cache_dir):
 _KERNEL_MODULES = ("mamba_ssm.ops.triton.ssd_combined", "fla.ops")
 
 
-def _tensor_loop_index(transformer: ast.NodeTransformer, node: ast.For) -> ast.For:
-    """The interpreter's kernel rewriter, for loops: in `for i in range(n)` compiled Triton makes `i` a tensor
-    (kernels call `i.to(tl.int64)`), the interpreter a Python int. The index is converted at the top of the body,
-    as the interpreter already does for every assignment. `tl.static_range` (a compile-time index) is left alone."""
-    node = transformer.generic_visit(node)
-    func = getattr(node.iter, "func", None)
-    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-    if name == "range" and isinstance(node.target, ast.Name):
-        to_tensor = ast.Attribute(value=ast.Name(id="interpreter_semantic", ctx=ast.Load()), attr="to_tensor",
-                                  ctx=ast.Load())
-        convert = ast.Assign(targets=[ast.Name(id=node.target.id, ctx=ast.Store())],
-                             value=ast.Call(func=to_tensor, args=[ast.Name(id=node.target.id, ctx=ast.Load()),
-                                                                  ast.Constant(value=False)], keywords=[]))
-        node.body.insert(0, ast.copy_location(convert, node.body[0]))
-    return node
-
-
 @pytest.fixture(scope="session")
 def triton_cpu():
     """Triton's interpreter, ready to run CUDA-oriented kernel wrappers on CPU tensors (make test-kernels).
 
     Needs recurlen[kernels-cpu] (triton). The interpreter must be on before any kernel module is imported
-    (kernels are decorated at import). What is patched here is patched in this test process only; recurlen's
-    kernel glue and the kernel libraries run unchanged:
-      - torch.cuda.device(index) wraps every launch; with a CPU tensor the index is None and CPU torch fails,
-        so it becomes a no-op context;
-      - backward kernels size their grids by torch.cuda.get_device_properties(...).multi_processor_count;
-      - autotuners would benchmark their configs, which the interpreter cannot: each keeps its first config;
-      - the interpreter checks every integer add / mul for overflow (compiled kernels do so only in debug
-        mode); that check is ~half of the interpreted time, so it is off;
-      - loop indices become tensors, as in compiled kernels (_tensor_loop_index).
+    (kernels are decorated at import). The patches (no-op torch.cuda.device, a multiprocessor count, one config
+    per autotuner, no overflow checks, tensor loop indices) are benchmarks/_triton_cpu.py's, which the GPU check's
+    CPU rehearsal uses too; they patch this test process only, and recurlen's kernel glue and the kernel libraries
+    run unchanged.
     """
-    import dataclasses
     import sys
-    import types
-    from contextlib import nullcontext
 
     try:
         import triton
-        from triton.runtime import autotuner, interpreter
+        from triton.runtime import interpreter
     except ImportError as err:
         pytest.fail(f"triton is not installed ({err}); make test-kernels installs recurlen[kernels-cpu]")
     # Triton decides at decoration time (its own library functions at `import triton`) whether a kernel is
@@ -154,20 +129,11 @@ def triton_cpu():
     if early:
         pytest.fail(f"{early} were imported before this fixture; run the kernel tests in their own process: "
                     "make test-kernels")
-    patch = pytest.MonkeyPatch()
-    first_config_init = autotuner.Autotuner.__init__
-
-    def keep_first_config(self, fn, arg_names, configs, *args, **kwargs):
-        first_config_init(self, fn, arg_names, configs[:1], *args, **kwargs)
-
-    patch.setattr(autotuner.Autotuner, "__init__", keep_first_config)
-    patch.setattr(torch.cuda, "device", lambda index: nullcontext())
-    patch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(multi_processor_count=16))
-    builder = interpreter.interpreter_builder
-    patch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=False))
-    patch.setattr(interpreter.ASTTransformer, "visit_For", _tensor_loop_index, raising=False)
-    yield
-    patch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        from _triton_cpu import interpreted_kernels
+    with interpreted_kernels():
+        yield
 
 
 def _imported_afresh(loader, what: str):
