@@ -20,7 +20,7 @@ import re
 import torch
 
 from recurlen.models.official import SAFETENSORS_NAME, OfficialFormat
-from recurlen.models.rwkv7.config import RWKV7Config
+from recurlen.models.rwkv7.config import RWKV7Config, refuse_decay_clamp
 from recurlen.models.weights_file import WeightsFileFormat
 from recurlen.util.errors import UserError
 
@@ -125,6 +125,7 @@ def blinkdl_read(t: dict[str, torch.Tensor], source: str) -> tuple[RWKV7Config, 
 def blinkdl_write(model) -> dict[str, torch.Tensor]:
     """The model's weights as a BlinkDL RWKV-7 .pth state dict (what the `rwkv` package loads)."""
     cfg, sd = model.config, model.state_dict()
+    refuse_decay_clamp(cfg, "BlinkDL's RWKV-7 .pth")
     out = {name: sd[fla] for name, fla in _TOP.items()}
     for i in range(cfg.num_hidden_layers):
         prefix, block = f"model.layers.{i}.", f"blocks.{i}."

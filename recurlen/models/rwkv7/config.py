@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from recurlen.models.fla_model import FlaConfig
+from recurlen.models.rwkv7.scan import LOG_DECAY_FLOOR
+from recurlen.util.errors import UserError
 
 MAX_CHUNK = 64
 """The pure-PyTorch scan factors each pair's decay as exp(c_t - m) exp(m - c_s) around the chunk's midpoint m; a
@@ -60,6 +62,12 @@ class RWKV7Config(FlaConfig):
     from about -8 to +3: decays exp(-exp(-1/2) sigmoid(w0)) from 0.9998 to 0.56 per token at zero data-dependent
     input. A range [lo, hi]: w0 spread linearly over each head's channels from lo to hi instead ([-8, -4]: memories of
     ~90 to ~5000 tokens, the demo's slow start). Only used when training from scratch."""
+    log_decay_min: float | None = None
+    """Lower clamp on the log decay per token, log w (None: none, as fla and BlinkDL). recurlen's, not RWKV-7's: a
+    model organism whose channels each keep at least exp(log_decay_min) per token (at -0.001: memories of >= 1000
+    tokens), however the data-dependent decay moves; no gradient flows below it. The Mamba-3 and Gated DeltaNet
+    demos' clamps are the same device. Neither fla's RWKV7 nor BlinkDL's .pth can express it, so both official
+    exports refuse a model with one."""
     zero_residual_init: bool = True
     """fla's (and BlinkDL's) from-scratch init: the time mix's o_proj and the channel mix's value start at zero, so
     an untrained block adds nothing to the residual stream and does not read its state. False: both start as fla's
@@ -71,7 +79,8 @@ class RWKV7Config(FlaConfig):
 
     MODEL_TYPE = "rwkv7"
     TITLE = "an RWKV-7"
-    RECURLEN_ONLY = frozenset({"chunk_size", "head_norm_eps", "zero_residual_init", "decay_offset_range"})
+    RECURLEN_ONLY = frozenset({"chunk_size", "head_norm_eps", "zero_residual_init", "decay_offset_range",
+                               "log_decay_min"})
 
     def __post_init__(self) -> None:
         self.check_range("decay_offset_range")
@@ -101,6 +110,9 @@ class RWKV7Config(FlaConfig):
         if not self.norm_first:
             raise ValueError("model config: norm_first=false is not supported (every RWKV-7 checkpoint has the "
                              "embedding norm)")
+        if self.log_decay_min is not None and not LOG_DECAY_FLOOR < self.log_decay_min < 0:
+            raise ValueError(f"model config: log_decay_min must be null or in ({LOG_DECAY_FLOOR:.6f}, 0) (a log "
+                             f"decay per token above RWKV-7's own floor); got {self.log_decay_min}")
         for name in ("norm_eps", "head_norm_eps"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -137,6 +149,7 @@ class RWKV7Config(FlaConfig):
     # ------------------------------------------------------------------ official config.json
     def to_official_json(self) -> dict[str, Any]:
         """fla's RWKV7Config as written by `save_pretrained` (model_type 'rwkv7')."""
+        refuse_decay_clamp(self, "fla's RWKV7 config.json")
         return self.official_json(architectures=["RWKV7ForCausalLM"], attn=None, fuse_norm=True,
                                   value_dim=[self.hidden_size] * self.num_hidden_layers)
 
@@ -151,4 +164,12 @@ class RWKV7Config(FlaConfig):
         return cls(**cls.official_kwargs(cfg, source=source, refused={"attn": None}))
 
 
-__all__ = ["MAX_CHUNK", "RWKV7Config"]
+def refuse_decay_clamp(cfg: RWKV7Config, target: str) -> None:
+    """The official formats compute RWKV-7 without recurlen's log_decay_min: writing one would be another model."""
+    if cfg.log_decay_min is not None:
+        raise UserError(f"model config: log_decay_min={cfg.log_decay_min} clamps the decay, which {target} cannot "
+                        "express: the official format would compute another model; export an RWKV-7 trained "
+                        "without the clamp (log_decay_min: null)")
+
+
+__all__ = ["MAX_CHUNK", "RWKV7Config", "refuse_decay_clamp"]

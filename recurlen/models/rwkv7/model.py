@@ -112,6 +112,8 @@ class RWKV7Attention(nn.Module):
         xr, xw, xk, xv, xa, xg = (x_BLD.unsqueeze(-2) + delta_BLD.unsqueeze(-2) * mu_6D).unbind(-2)
         r = self.r_proj(xr)
         log_w = LOG_DECAY_FLOOR * torch.sigmoid(up(self.w_lora(xw)))  # float32: exponentiated and summed
+        if cfg.log_decay_min is not None:  # the model organism's clamp (config.log_decay_min): no gradient below it
+            log_w = log_w.clamp(min=cfg.log_decay_min)
         k = self.k_proj(xk)
         v = self.v_proj(xv)
         if self.layer_idx == 0:

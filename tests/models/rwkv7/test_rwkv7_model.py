@@ -58,7 +58,8 @@ def reference_lm(model: RWKV7LM, ids: torch.Tensor, init: RWKV7State):
             mixed = {m: x + (att_prev[i] - x) * p[a + f"x_{m}"].view(D) for m in "rwkvag"}
             att_prev[i] = x
             r = mixed["r"] @ p[a + "r_proj.weight"].T
-            w = torch.exp(-math.exp(-0.5) * torch.sigmoid(lora(mixed["w"], a + "w_lora", torch.tanh)))
+            log_w = -math.exp(-0.5) * torch.sigmoid(lora(mixed["w"], a + "w_lora", torch.tanh))
+            w = torch.exp(log_w if cfg.log_decay_min is None else log_w.clamp(min=cfg.log_decay_min))
             k = mixed["k"] @ p[a + "k_proj.weight"].T
             v = mixed["v"] @ p[a + "v_proj.weight"].T
             if i == 0:
@@ -189,3 +190,61 @@ def test_decay_offset_range_sets_the_starting_memories():
     assert "decay_offset_range" not in RWKV7Config(**NANO).to_official_json()
     fla = RWKV7LM(RWKV7Config(**NANO)).model.layers[0].attn.w_lora.lora[2].bias.detach()
     assert float(fla.min()) == pytest.approx(-8.0) and float(fla.max()) > 0
+
+
+CLAMP = -0.05
+
+
+def test_log_decay_min_off_is_the_unclamped_model_and_on_bounds_every_decay():
+    """The model organism's clamp: off (the default) the decays are RWKV-7's own; on, log w = max(log w, clamp) on
+    the chunked path and in step(); outside RWKV-7's range it is refused."""
+    free, clamped = randomised(), randomised(log_decay_min=CLAMP)
+    assert RWKV7Config(**NANO).log_decay_min is None
+    x = torch.randn(2, 9, 64)
+    attn_free, attn = free.model.layers[1].attn, clamped.model.layers[1].attn
+    delta = torch.randn(2, 9, 64)
+    with torch.no_grad():
+        log_w_free = attn_free._project(x, delta, torch.randn(2, 9, 64))[1]
+        log_w = attn._project(x, delta, torch.randn(2, 9, 64))[1]
+    assert (log_w_free < CLAMP).float().mean() > 0.3  # the clamp has work to do
+    assert torch.equal(log_w, log_w_free.clamp(min=CLAMP)) and float(log_w.min()) == pytest.approx(CLAMP)
+    ids = torch.randint(0, 257, (2, 21), generator=torch.Generator().manual_seed(5))
+    init = random_state(clamped, 2)
+    with torch.no_grad():
+        logits, _ = clamped(ids, init)
+        state, steps = init, []
+        for t in range(ids.shape[1]):
+            step_logits, state = clamped.step(ids[:, t], state)
+            steps.append(step_logits)
+        assert float((torch.stack(steps, 1) - logits).abs().max() / logits.abs().max()) < 1e-5
+        assert float((free(ids, init)[0] - logits).abs().max() / logits.abs().max()) > 1e-3  # the clamp changes it
+    for bad in (0.0, -0.7):
+        with pytest.raises(ValueError, match="log_decay_min must be null or in"):
+            RWKV7Config(**NANO, log_decay_min=bad)
+
+
+def test_lm_with_the_clamp_binding_equals_the_float64_reference(close_scaled):
+    model = randomised(log_decay_min=CLAMP)
+    ids = torch.randint(0, 257, (2, 37), generator=torch.Generator().manual_seed(1))
+    init = random_state(model, 2)
+    ref_logits, ref_state = reference_lm(model, ids, init)
+    free_logits, _ = reference_lm(randomised(), ids, init)
+    assert float((free_logits - ref_logits).abs().max() / ref_logits.abs().max()) > 1e-3  # the clamp binds
+    model.double()
+    with torch.no_grad():
+        logits, state = model(ids, RWKV7State(*(t.double() for t in init.parts().values())))
+    close_scaled(logits, ref_logits, 1e-10, "logits (clamped)")
+    close_scaled(state.wkv, ref_state.wkv, 1e-10, "final wkv (clamped)")
+
+
+def test_a_clamped_model_is_refused_by_both_official_exports(tmp_path):
+    from recurlen.models.rwkv7.checkpoint import blinkdl_write
+    from recurlen.util.errors import UserError
+
+    clamped = randomised(log_decay_min=CLAMP)
+    with pytest.raises(UserError, match="log_decay_min=-0.05 clamps the decay, which fla's RWKV7 config.json"):
+        clamped.save_pretrained(str(tmp_path / "fla"))
+    with pytest.raises(UserError, match="which BlinkDL's RWKV-7 .pth cannot express"):
+        blinkdl_write(clamped)
+    assert "log_decay_min" not in RWKV7Config(**NANO).to_official_json()
+    assert set(blinkdl_write(randomised())) == set(blinkdl_write(randomised(seed=1)))  # unclamped: written
