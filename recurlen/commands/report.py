@@ -202,7 +202,7 @@ def read_results(paths: Sequence[str | os.PathLike]) -> tuple[list[dict], list[d
         else:
             raise UserError(f"{p} is not a recurlen results file: neither evaluation runs (a 'runs' key, from "
                              "`recurlen eval` / `recurlen report`) nor a task result (`recurlen passkey|babilong|"
-                             "copying`)")
+                             "copying|niah`)")
     return runs, tasks
 
 
