@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recurlen.models.fla_model import FlaConfig, swiglu_width
+from recurlen.util.errors import UserError
 
 GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")
 
@@ -53,8 +54,9 @@ class GatedDeltaNetConfig(FlaConfig):
     initializer_range: float = 0.02
     clamp_min: float | None = None
     """Lower clamp on the log decay g (None: no clamp, as fla's layer). A model-organism setting, as GLA's clamp_min:
-    at -0.01 every decay is >= 0.99 per token (memories of >= 100 tokens), however the gate input moves. Written to
-    config.json as GLA's is; fla's GatedDeltaNet layer has no clamp and ignores it there."""
+    at -0.01 every decay is >= 0.99 per token (memories of >= 100 tokens), however the gate input moves. fla's
+    GatedDeltaNet layer has no clamp (unlike GLA's), so fla's config.json cannot express it: the official export
+    refuses a model with one; recurlen's own checkpoints and recurlen_config.json keep it."""
     A_init_range: tuple[float, float] | None = None
     """None: fla's from-scratch A, uniform in (0, 16) (with dt in [0.001, 0.1], per-token decays exp(-A dt) of
     0.2 .. 1: memories of ~1 to ~1000 tokens, most a few tokens). A range [lo, hi] with lo > 0: A log-uniform in it
@@ -65,7 +67,7 @@ class GatedDeltaNetConfig(FlaConfig):
 
     MODEL_TYPE = "gated_deltanet"
     TITLE = "a Gated DeltaNet"
-    RECURLEN_ONLY = frozenset({"chunk_size", "A_init_range"})
+    RECURLEN_ONLY = frozenset({"chunk_size", "A_init_range", "clamp_min"})
 
     def __post_init__(self) -> None:
         self.check_range("A_init_range")
@@ -130,12 +132,24 @@ class GatedDeltaNetConfig(FlaConfig):
     # ------------------------------------------------------------------ official config.json
     def to_official_json(self) -> dict[str, Any]:
         """fla's GatedDeltaNetConfig as written by `save_pretrained`."""
+        refuse_decay_clamp(self, "fla's GatedDeltaNet config.json")
         return self.official_json(architectures=["GatedDeltaNetForCausalLM"], attn=None, attnres_block_size=None,
                                   fuse_norm=True, fuse_swiglu=True, fuse_cross_entropy=True, use_cache=True)
 
     @classmethod
     def from_official_json(cls, cfg: dict[str, Any], *, source: str = "config.json") -> GatedDeltaNetConfig:
-        return cls(**cls.official_kwargs(cfg, source=source, refused={"attn": None, "attnres_block_size": None}))
+        kwargs = cls.official_kwargs(cfg, source=source, refused={"attn": None, "attnres_block_size": None})
+        # recurlen's exports wrote clamp_min into config.json before they refused it: such a model was trained
+        # with its clamp, so it keeps it (fla's own configs have no clamp_min)
+        return cls(**kwargs, clamp_min=cfg.get("clamp_min"))
 
 
-__all__ = ["GatedDeltaNetConfig"]
+def refuse_decay_clamp(cfg: GatedDeltaNetConfig, target: str) -> None:
+    """fla computes Gated DeltaNet without recurlen's clamp_min: writing one would be another model."""
+    if cfg.clamp_min is not None:
+        raise UserError(f"model config: clamp_min={cfg.clamp_min} clamps the decay, which {target} cannot express: "
+                        "fla's model would compute another model from these weights; export a Gated DeltaNet "
+                        "trained without the clamp (clamp_min: null)")
+
+
+__all__ = ["GatedDeltaNetConfig", "refuse_decay_clamp"]

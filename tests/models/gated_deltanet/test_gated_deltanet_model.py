@@ -160,17 +160,17 @@ def test_initialisation_is_fla_s():
 
 def test_slow_start_and_clamp():
     """A_init_range: A log-uniform in it, recurlen's alone (not in config.json); clamp_min: no decay below it
-    however large the gate input, written to config.json and read back as GLA's clamp_min is."""
+    however large the gate input (its export: test_a_clamped_model_is_refused_by_the_official_export)."""
     torch.manual_seed(0)
     model = GatedDeltaNetLM(GatedDeltaNetConfig(**NANO, num_v_heads=64, A_init_range=[0.001, 0.1]))
     A = torch.cat([b.attn.A_log.exp() for b in model.model.layers]).detach()
     assert A.min() >= 0.001 * (1 - 1e-6) and A.max() <= 0.1 * (1 + 1e-6)
     assert (A < 0.01).float().mean().item() == pytest.approx(0.5, abs=0.15)  # log-uniform: half below the middle
+    official = model.config.to_official_json()
+    assert "A_init_range" not in official
+    assert GatedDeltaNetConfig.from_official_json(official).A_init_range is None
+    assert GatedDeltaNetConfig.from_official_json({**official, "A_init_range": [0.001, 0.1]}).A_init_range is None
     cfg = GatedDeltaNetConfig(**NANO, A_init_range=[0.001, 0.1], clamp_min=-0.01)
-    official = cfg.to_official_json()
-    assert "A_init_range" not in official and official["clamp_min"] == -0.01
-    back = GatedDeltaNetConfig.from_official_json(official)
-    assert back.clamp_min == -0.01 and back.A_init_range is None
     attn = GatedDeltaNetLM(cfg).model.layers[0].attn
     with torch.no_grad():
         attn.A_log.fill_(math.log(10.0))
@@ -181,6 +181,25 @@ def test_slow_start_and_clamp():
                           ({"clamp_min": 0.0}, "clamp_min must be null or < 0")):
         with pytest.raises(ValueError, match=match):
             GatedDeltaNetConfig(**NANO, **fields)
+
+
+def test_a_clamped_model_is_refused_by_the_official_export(tmp_path):
+    """fla's GatedDeltaNet layer has no clamp: fla would load a clamped export and compute another model, so the
+    export refuses it in one line and writes nothing; a run's checkpoint (to_dict) and recurlen_config.json keep
+    it, and a config.json that an earlier recurlen wrote with clamp_min still reads it."""
+    from recurlen.util.errors import UserError
+
+    clamped = nano(clamp_min=-0.002)
+    with pytest.raises(UserError, match=r"^model config: clamp_min=-0.002 clamps the decay, which fla's GatedDeltaNet "
+                                        r"config.json cannot express: .*\(clamp_min: null\)$"):
+        clamped.save_pretrained(str(tmp_path / "fla"))
+    assert not (tmp_path / "fla").exists()
+    assert GatedDeltaNetConfig.from_dict(clamped.config.to_dict()).clamp_min == -0.002
+    nano().save_pretrained(str(tmp_path / "plain"))  # unclamped: written, and fla's config.json has no clamp_min
+    assert "clamp_min" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert json.loads((tmp_path / "plain" / "recurlen_config.json").read_text())["clamp_min"] is None
+    old_export = {**nano().config.to_official_json(), "clamp_min": -0.002}
+    assert GatedDeltaNetConfig.from_official_json(old_export).clamp_min == -0.002
 
 
 OFFICIAL_CONFIG = {
