@@ -1,0 +1,144 @@
+"""scripts/architectures_table.py: one row per architecture with a demo, read from the demos' results.json (written
+here by the report's own writer from fabricated evaluations), and docs/demo.md's table is what the script prints."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from recurlen.commands.demo import DemoConfig, demo_architectures, demo_checks
+from recurlen.commands.report import write_report
+from recurlen.models import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import architectures_table  # noqa: E402
+
+SECTION = "## Seven architectures at a glance"
+
+
+def run(label: str, values: dict[str, float], *, T: int = 32, bins: int = 6) -> dict:
+    """A results.json run with bins [0,T) ... ([8T,16T) or [16T,32T)): the [0,T) loss and full - reset past T."""
+    rows, start = [], 0
+    for i in range(bins):
+        end = T if i == 0 else 2 * start
+        name = "[0,T)" if i == 0 else f"[{'' if start == T else start // T}T,{end // T}T)"
+        fmr = values.get(name, 0.0) if i else 0.0
+        loss = values["[0,T)"] + 0.1 * i + fmr
+        rows.append({"name": name, "start": start, "end": end, "kind": "context", "count": 8, "loss": loss,
+                     "ppl": 2.718 ** loss, "reset_loss": loss - fmr, "reset_ppl": 2.718 ** (loss - fmr),
+                     "full_minus_reset": fmr})
+        start = end
+    return {"label": label, "train_len": T, "seq_len": end,
+            "positionwise": {"train_len": T, "seq_len": end, "num_sequences": 8, "bins": rows, "log_bins": []}}
+
+
+def demo_dir(root: Path, arch: str, given: dict[str, dict[str, float]], *, quick: bool = False,
+             run_root: str | None = None, model: dict | None = None) -> Path:
+    """A demo's run root as `recurlen demo` leaves it: the report's results.json, the pre-training's config.yaml."""
+    out = root / (run_root or DemoConfig(arch=arch, quick=quick).run_root)
+    (out / "eval").mkdir(parents=True)
+    (out / "eval" / "results.json").write_text(json.dumps(
+        {"format": "recurlen.eval/1", "runs": [run(k, v, bins=5 if quick else 6) for k, v in given.items()]}))
+    write_report([out / "eval"], out_dir=out, checks=demo_checks)
+    (out / "pretrain").mkdir()
+    OmegaConf.save(OmegaConf.create({"model": {"architecture": arch, **(model or demo_model(arch))}}),
+                   out / "pretrain" / "config.yaml")
+    return out
+
+
+def demo_model(arch: str) -> dict:
+    """The architecture's demo model file (experiments/model/<arch>/): its table row's name and its setting."""
+    path = next((ROOT / "experiments" / "model" / arch).glob("*.yaml"))
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
+FAILS_FIXED = {"base": {"[0,T)": 1.6191, "[4T,8T)": 0.3444, "[8T,16T)": 0.9151, "[16T,32T)": 1.7581},
+               "none": {"[0,T)": 1.6011, "[4T,8T)": 0.3071, "[8T,16T)": 0.8421, "[16T,32T)": 1.7651},
+               "state_passing": {"[0,T)": 1.7412, "[4T,8T)": -0.0249, "[8T,16T)": 0.0281, "[16T,32T)": 0.0779},
+               "tbptt": {"[0,T)": 1.7081, "[4T,8T)": -0.1181, "[8T,16T)": -0.0991, "[16T,32T)": -0.0531}}
+HALVED = {"base": {"[0,T)": 2.353, "[4T,8T)": 0.430, "[8T,16T)": 0.524, "[16T,32T)": 0.554},
+          "fitted_noise": {"[0,T)": 2.354, "[4T,8T)": 0.422, "[8T,16T)": 0.500, "[16T,32T)": 0.521},
+          "state_passing": {"[0,T)": 2.561, "[4T,8T)": 0.215, "[8T,16T)": 0.248, "[16T,32T)": 0.262},
+          "tbptt": {"[0,T)": 2.454, "[4T,8T)": 0.090, "[8T,16T)": 0.116, "[16T,32T)": 0.145}}
+FLAT = {"base": {"[0,T)": 2.003, "[4T,8T)": -0.034, "[8T,16T)": -0.013},
+        "state_passing": {"[0,T)": 1.983, "[4T,8T)": -0.093, "[8T,16T)": -0.082}}
+
+
+def test_each_row_is_read_from_its_demo_and_says_what_it_shows(tmp_path):
+    first, second, third, *rest = demo_architectures()
+    demo_dir(tmp_path, first, FAILS_FIXED)
+    demo_dir(tmp_path, second, HALVED)
+    demo_dir(tmp_path, second, {"base": {"[0,T)": 2.0, "[8T,16T)": -0.073}}, run_root="runs/without",
+             model={"name": demo_model(second)["name"], "arch": {}})
+    demo_dir(tmp_path, third, FLAT, quick=True)
+    rows = {r[0]: r for r in architectures_table.rows(tmp_path, quick=[third], controls={second: "runs/without"})}
+    titles = {name: arch.title for name, arch in registry.architectures().items()}
+    assert list(rows) == [titles[a] for a in demo_architectures()]
+
+    row = rows[titles[first]]
+    setting = {k: v for k, v in demo_model(first)["arch"].items() if k != "chunk_size"}
+    assert row[1] == DemoConfig(arch=first).run_root
+    assert row[2] == ", ".join(f"{k} {json.dumps(v)}" for k, v in setting.items())
+    assert row[3:8] == ["+0.344 / +0.915 / +1.758", "+0.307 / +0.842 / +1.765 (-1.1%)", "-",
+                        "-0.025 / +0.028 / +0.078 (+7.5%)", "-0.118 / -0.099 / -0.053 (+5.5%)"]
+    assert row[8] == "fails and fixed: state_passing to 16T, tbptt to 32T"
+
+    row = rows[titles[second]]
+    assert row[5] == "+0.422 / +0.500 / +0.521 (+0.0%)"
+    assert row[8] == ("fails, halved (best: tbptt, [8T,16T) cut by 78%; not fixed); fails only with the setting: "
+                      "without it (runs/without: none: the table's shape and init) base -0.073 in [8T,16T)")
+
+    row = rows[titles[third]]
+    assert row[1] == f"{DemoConfig(arch=third, quick=True).run_root} (quick demo: to 16T)"
+    assert row[3] == "-0.034 / -0.013 / n/a" and row[6] == "-0.093 / -0.082 / n/a (-1.0%)"
+    assert row[8] == "does not fail (base -0.013 in [8T,16T))"
+
+    for arch in rest:  # no run root: said, never filled in
+        assert rows[titles[arch]][1] == f"{DemoConfig(arch=arch).run_root}: no results.json"
+        assert rows[titles[arch]][3:8] == ["-"] * 5
+
+
+def test_a_fix_must_hold_within_the_in_context_bar_and_a_small_cut_is_not_halved(tmp_path, capsys):
+    arch = demo_architectures()[0]
+    # state passing holds everywhere but costs 12% in context: not a fix
+    costly = {"base": HALVED["base"],
+              "state_passing": {"[0,T)": 2.635, "[4T,8T)": 0.010, "[8T,16T)": 0.020, "[16T,32T)": 0.030}}
+    demo_dir(tmp_path / "a", arch, costly)
+    assert architectures_table.rows(tmp_path / "a")[0][8] == ("fails, not fixed: state_passing holds to 32T but "
+                                                              "costs +12.0% in context (over 8%)")
+    small = {"base": HALVED["base"], "tbptt": {"[0,T)": 2.4, "[4T,8T)": 0.3, "[8T,16T)": 0.4, "[16T,32T)": 0.45}}
+    demo_dir(tmp_path / "b", arch, small)
+    assert architectures_table.rows(tmp_path / "b")[0][8] == ("fails, not fixed (best: tbptt, [8T,16T) cut by 24%; "
+                                                              "not fixed)")
+    assert architectures_table.main(["--root", str(tmp_path), "--quick", "no-such-arch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown architecture or malformed --control ['no-such-arch']")
+    assert err.count("\n") == 1
+
+
+def docs_section() -> tuple[list[str], list[str]]:
+    """(the command's arguments, the table's lines) of docs/demo.md's section."""
+    text = (ROOT / "docs" / "demo.md").read_text()
+    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"^\.venv/bin/python scripts/architectures_table\.py(.*)$", section, flags=re.M)
+    assert command, "the section names no command that prints its table"
+    return shlex.split(command.group(1)), [line for line in section.splitlines() if line.startswith("|")]
+
+
+def test_the_docs_table_is_what_the_script_prints(capsys, monkeypatch):
+    args, documented = docs_section()
+    monkeypatch.chdir(ROOT)
+    assert architectures_table.main(args) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    missing = [p.split(" | ")[1] for p, d in zip(printed, documented) if "no results.json" in p and p != d]
+    if missing:
+        pytest.skip(f"the demos' run roots the docs' table was printed from are not here ({', '.join(missing)}); "
+                    "CI has no runs/")
+    assert printed == documented
