@@ -92,16 +92,13 @@ def cell(run: dict | None, base: dict | None) -> str:
     return text if change is None else f"{text} ({change:+.1%})"
 
 
-def fixes(run: dict, base: dict) -> str | None:
-    """How far a post-training fixes the failure: full - reset <= GENERALIZES_TOL in every bin from T up to 16T and
-    [0,T) within the demo's 8% of the base's; '16T', or the evaluation's end where every later bin holds too;
-    None where it does not."""
+def holds(run: dict) -> str | None:
+    """How far a post-training holds: full - reset <= GENERALIZES_TOL in every bin from T up to 16T gives '16T', or
+    the evaluation's end where every later bin holds too; None where it does not hold to 16T."""
     T = run["train_len"]
     past = [r for r in run["positionwise"]["bins"] if r["start"] >= T and r.get("full_minus_reset") is not None]
     upto16 = [r for r in past if r["end"] <= 16 * T]
-    change = in_context_change(run, base)
-    if not (upto16 and all(shown(r["full_minus_reset"]) <= GENERALIZES_TOL for r in upto16)
-            and change is not None and abs(change) <= IN_CONTEXT_REL_TOL):
+    if not (upto16 and all(shown(r["full_minus_reset"]) <= GENERALIZES_TOL for r in upto16)):
         return None
     held = [r for r in past if shown(r["full_minus_reset"]) <= GENERALIZES_TOL]
     return f"{-(-past[-1]['end'] // T)}T" if len(held) == len(past) else "16T"
@@ -114,10 +111,17 @@ def verdict(runs: dict[str, dict], control: tuple[str, dict[str, dict] | None] |
         return "no base with a [8T,16T) bin"
     if failed < FAILS_MARGIN:
         return f"does not fail (base {failed:+.3f} in [8T,16T))"
-    fixed = {name: fixes(runs[name], base) for name in FIXES if name in runs}
-    fixed = {name: reach for name, reach in fixed.items() if reach}
+    held = {name: holds(runs[name]) for name in FIXES if name in runs}
+    held = {name: reach for name, reach in held.items() if reach}
+    # A fix also keeps the [0,T) loss within the demo's 8% of the base's (its in-context check).
+    cost = {name: in_context_change(runs[name], base) for name in held}
+    fixed = {name: reach for name, reach in held.items() if cost[name] is not None
+             and abs(cost[name]) <= IN_CONTEXT_REL_TOL}
     if fixed:
         text = "fails and fixed: " + ", ".join(f"{name} to {reach}" for name, reach in fixed.items())
+    elif held:
+        text = ("fails, not fixed: " + ", ".join(f"{name} holds to {reach} but costs {cost[name]:+.1%}" for name, reach
+                                                in held.items()) + f" in context (over {IN_CONTEXT_REL_TOL:.0%})")
     else:
         tried = {name: far_bin(runs[name], "[8T,16T)") for name in FIXES if name in runs}
         tried = {k: v for k, v in tried.items() if v is not None}

@@ -142,3 +142,34 @@ def test_the_docs_table_is_what_the_script_prints(capsys, monkeypatch):
         pytest.skip(f"the demos' run roots the docs' table was printed from are not here ({', '.join(missing)}); "
                     "CI has no runs/")
     assert printed == documented
+
+
+def section_tables(text: str, title: str) -> str | None:
+    """The table lines of docs/demo.md's section on one architecture (its heading is the title, or starts with the
+    title and a colon), up to the next heading; None where there is no such section."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if re.fullmatch(rf"#+ {re.escape(title)}(:.*)?", line)), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("#")), len(lines))
+    return "\n".join(line for line in lines[start:end] if line.startswith("|"))
+
+
+def test_every_number_of_a_full_demo_row_is_in_that_architectures_own_table(capsys, monkeypatch):
+    """A number of the summary missing from the architecture's measured table: its run directory is not the run the
+    section documents."""
+    args, _ = docs_section()
+    monkeypatch.chdir(ROOT)
+    printed = architectures_table.rows(ROOT, quick=args[args.index("--quick") + 1:args.index("--quick") + 2]
+                                       if "--quick" in args else [])
+    text = (ROOT / "docs" / "demo.md").read_text()
+    checked = []
+    for row in printed:
+        tables = section_tables(text, row[0])
+        if "no results.json" in row[1] or "quick" in row[1] or not tables:
+            continue
+        values = [v for c in row[3:8] for v in c.split(" (")[0].split(" / ") if v not in ("-", "n/a")]
+        assert [v for v in values if f"| {v} |" not in tables] == [], f"{row[0]}: {row[1]} is not the documented run"
+        checked.append(row[0])
+    if not checked:
+        pytest.skip("no full demo's run directory is here (CI has no runs/)")
