@@ -13,12 +13,11 @@ RWKV version's keys) is refused by name.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from recurlen.models.official import SAFETENSORS_NAME, OfficialFormat
 from recurlen.models.rwkv6.config import RWKV6Config
+from recurlen.models.rwkv_common import blinkdl_layers, blinkdl_read_keys, blinkdl_write_keys
 from recurlen.models.weights_file import WeightsFileFormat
 from recurlen.util.errors import UserError
 
@@ -48,9 +47,6 @@ _PLAIN = {
 _TRANSPOSED = {"att.time_decay_w1", "att.time_decay_w2"}
 _MIXES = {f"att.time_maa_{b}" for b in BLINKDL_ORDER}
 _LOW_RANK_MIX = {"att.time_maa_w1", "att.time_maa_w2"}
-_TOP = {"emb.weight": "model.embeddings.weight", "ln_out.weight": "model.norm.weight",
-        "ln_out.bias": "model.norm.bias", "head.weight": "lm_head.weight"}
-_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
 
 
 def blinkdl_recognises(tensors: dict[str, torch.Tensor]) -> bool:
@@ -64,8 +60,8 @@ def _config_from_shapes(t: dict[str, torch.Tensor], source: str) -> RWKV6Config:
         if key not in t:
             raise UserError(f"{source}: not an RWKV-6 (Finch) checkpoint: it has no {key!r}")
     vocab, hidden = t["emb.weight"].shape
-    layers = 1 + max(int(m.group(1)) for m in map(_BLOCK.fullmatch, t) if m)
-    return RWKV6Config(hidden_size=hidden, num_hidden_layers=layers, num_heads=t["blocks.0.att.time_faaaa"].shape[0],
+    return RWKV6Config(hidden_size=hidden, num_hidden_layers=blinkdl_layers(t),
+                       num_heads=t["blocks.0.att.time_faaaa"].shape[0],
                        expand_k=t["blocks.0.att.key.weight"].shape[0] / hidden,
                        expand_v=t["blocks.0.att.value.weight"].shape[0] / hidden,
                        intermediate_size=t["blocks.0.ffn.key.weight"].shape[0],
@@ -81,30 +77,19 @@ def blinkdl_read(t: dict[str, torch.Tensor], source: str) -> tuple[RWKV6Config, 
         raise UserError(f"{source}: not an RWKV-6 (Finch) checkpoint (no blocks.0.att.time_maa_w1 / time_faaaa); "
                         "recurlen loads RWKV-6 only")
     cfg = _config_from_shapes(t, source)
-    out, unknown, mixes = {}, [], {}
-    for name, tensor in t.items():
-        if name in _TOP:
-            out[_TOP[name]] = tensor
-            continue
-        m = _BLOCK.fullmatch(name)
-        if m is None:
-            unknown.append(name)
-            continue
-        i, rest = int(m.group(1)), m.group(2)
-        prefix = f"model.layers.{i}."
-        if i == 0 and rest in ("ln0.weight", "ln0.bias"):
-            out[prefix + "pre_norm." + rest.split(".")[1]] = tensor
-        elif rest in _PLAIN:
+    mixes: dict[int, dict[str, torch.Tensor]] = {}
+
+    def block(i: int, rest: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        if rest in _PLAIN:
             value = tensor.t() if rest in _TRANSPOSED else tensor
-            out[prefix + _PLAIN[rest]] = value.reshape(-1) if value.dim() == 3 else value  # (1, 1, D) -> (D,)
-        elif rest in _MIXES or rest in _LOW_RANK_MIX:
-            mixes.setdefault(i, {})[rest] = tensor
-        else:
-            unknown.append(name)
-    if unknown:
-        raise UserError(f"{source}: keys recurlen's RWKV-6 does not have: {sorted(unknown)[:6]}"
-                        f"{'...' if len(unknown) > 6 else ''} (a tuned time_state or another RWKV version's weights "
-                        "are not supported)")
+            return {_PLAIN[rest]: value.reshape(-1) if value.dim() == 3 else value}  # (1, 1, D) -> (D,)
+        if rest in _MIXES or rest in _LOW_RANK_MIX:
+            mixes.setdefault(i, {})[rest] = tensor  # mapped below, once the block's five mixes are all read
+            return {}
+        return None
+
+    out = blinkdl_read_keys(t, block, source=source, title="RWKV-6",
+                            unsupported="a tuned time_state or another RWKV version's weights")
     rank = cfg.proj_low_rank_dim
     for i, parts in mixes.items():
         missing = sorted((_MIXES | _LOW_RANK_MIX) - set(parts))
@@ -123,26 +108,24 @@ def blinkdl_write(model) -> dict[str, torch.Tensor]:
     """The model's weights as a BlinkDL RWKV-6 .pth state dict (what the `rwkv` package loads)."""
     cfg, sd = model.config, model.state_dict()
     rank = cfg.proj_low_rank_dim
-    out = {name: sd[fla] for name, fla in _TOP.items()}
-    for i in range(cfg.num_hidden_layers):
-        prefix = f"model.layers.{i}."
-        block = f"blocks.{i}."
-        if i == 0:
-            out[block + "ln0.weight"] = sd[prefix + "pre_norm.weight"]
-            out[block + "ln0.bias"] = sd[prefix + "pre_norm.bias"]
+
+    def block(_: int, prefix: str) -> dict[str, torch.Tensor]:
+        out = {}
         for rest, fla in _PLAIN.items():
             value = sd[prefix + fla]
             value = value.t() if rest in _TRANSPOSED else value
-            out[block + rest] = value.view(1, 1, -1) if rest in ("att.time_maa_x", "att.time_decay", "ffn.time_maa_k",
-                                                                  "ffn.time_maa_r") else value
+            out[rest] = value.view(1, 1, -1) if rest in ("att.time_maa_x", "att.time_decay", "ffn.time_maa_k",
+                                                          "ffn.time_maa_r") else value
         bias = dict(zip(FLA_ORDER, sd[prefix + "attn.x_bias"].unbind(0)))
         for b in BLINKDL_ORDER:
-            out[block + f"att.time_maa_{b}"] = bias[b].view(1, 1, -1)
+            out[f"att.time_maa_{b}"] = bias[b].view(1, 1, -1)
         w1 = dict(zip(FLA_ORDER, sd[prefix + "attn.x_proj.0.linear.weight"].t().split(rank, dim=1)))
-        out[block + "att.time_maa_w1"] = torch.cat([w1[b] for b in BLINKDL_ORDER], dim=1)
+        out["att.time_maa_w1"] = torch.cat([w1[b] for b in BLINKDL_ORDER], dim=1)
         w2 = dict(zip(FLA_ORDER, sd[prefix + "attn.x_proj.2.weight"].t().split(rank, dim=0)))
-        out[block + "att.time_maa_w2"] = torch.stack([w2[b] for b in BLINKDL_ORDER])
-    return {k: v.contiguous() for k, v in out.items()}
+        out["att.time_maa_w2"] = torch.stack([w2[b] for b in BLINKDL_ORDER])
+        return out
+
+    return blinkdl_write_keys(sd, cfg.num_hidden_layers, block)
 
 
 BLINKDL_FILE = WeightsFileFormat(suffix=".pth", description="BlinkDL's RWKV-6 .pth checkpoint", read=blinkdl_read,

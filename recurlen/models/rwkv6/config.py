@@ -11,15 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recurlen.models.fla_model import FlaConfig
+from recurlen.models.rwkv_common import RWKVConfig
 
 
 @dataclass
-class RWKV6Config(FlaConfig):
-    hidden_size: int = 128
-    """Width of the residual stream (BlinkDL: n_embd)."""
-    num_hidden_layers: int = 2
-    """Number of blocks (time mix + channel mix each)."""
+class RWKV6Config(RWKVConfig):
+    """RWKVConfig's shared fields (sizes, channel mix, norms, vocabulary) and RWKV-6's own below."""
+
     num_heads: int = 2
     """Heads; each holds a (head_dim x head_v_dim) WKV state. BlinkDL's world models use heads of 64."""
     expand_k: float = 1.0
@@ -28,24 +26,10 @@ class RWKV6Config(FlaConfig):
     """value_dim = hidden_size * expand_v."""
     hidden_ratio: float | None = 3.5
     """Channel-mix width when intermediate_size is None: hidden_size * hidden_ratio, rounded up to 32."""
-    intermediate_size: int | None = None
     proj_low_rank_dim: int = 32
     """Rank of the data-dependent token-shift mix (BlinkDL: time_maa_w1 is hidden x 5 * this)."""
     gate_low_rank_dim: int = 64
     """Rank of the data-dependent decay (BlinkDL: time_decay_w1 is hidden x this)."""
-    attn_mode: str = "chunk"
-    """fla's kernel choice; recurlen's scan is chunked either way ('chunk' or 'fused_recurrent' accepted)."""
-    hidden_act: str = "sqrelu"
-    norm_first: bool = True
-    """A LayerNorm on the embeddings before the first block (BlinkDL: blocks.0.ln0)."""
-    norm_bias: bool = True
-    norm_eps: float = 1e-5
-    """LayerNorm eps; also the per-head output GroupNorm's unless head_norm_eps is set."""
-    head_norm_eps: float | None = None
-    """eps of the per-head output GroupNorm; None: norm_eps (fla). BlinkDL's models use 64e-5 (1e-5 * 8^2)."""
-    vocab_size: int = 257
-    tie_word_embeddings: bool = False
-    initializer_range: float = 0.02
     decay_init_range: tuple[float, float] | None = None
     """None: fla's from-scratch decay bias (time_decay, w_t = exp(-exp(bias + ...))) of zero, every channel at
     exp(-1) = 0.37 per token. A range [lo, hi]: that bias spread linearly over each head's key channels from lo to hi
@@ -63,21 +47,7 @@ class RWKV6Config(FlaConfig):
         self.check_positive_ints(("hidden_size", "num_hidden_layers", "num_heads", "proj_low_rank_dim",
                                   "gate_low_rank_dim", "vocab_size", "chunk_size"))
         self.check_head_dims()
-        if self.intermediate_size is None and (self.hidden_ratio is None or self.hidden_ratio <= 0):
-            raise ValueError("model config: give intermediate_size or a positive hidden_ratio")
-        if self.intermediate_size is not None:
-            self.check_positive_ints(("intermediate_size",))
-        if self.hidden_act != "sqrelu":
-            raise ValueError(f"model config: hidden_act={self.hidden_act!r} is not supported; allowed: 'sqrelu'")
-        if self.attn_mode not in ("chunk", "fused_recurrent"):
-            raise ValueError(f"model config: attn_mode={self.attn_mode!r}; allowed: 'chunk', 'fused_recurrent'")
-        if not self.norm_first:
-            raise ValueError("model config: norm_first=false is not supported (every RWKV-6 checkpoint has the "
-                             "embedding norm)")
-        for name in ("norm_eps", "head_norm_eps"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"model config: {name} must be > 0; got {value}")
+        self.check_rwkv()
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -86,14 +56,8 @@ class RWKV6Config(FlaConfig):
         return self.key_dim // self.num_heads
 
     @property
-    def ffn_size(self) -> int:
-        if self.intermediate_size is not None:
-            return self.intermediate_size
-        size = int(self.hidden_size * self.hidden_ratio)
-        return 32 * ((size + 31) // 32)
-
-    @property
     def group_norm_eps(self) -> float:
+        """fla's RWKV-6: norm_eps itself unless head_norm_eps is set."""
         return self.norm_eps if self.head_norm_eps is None else self.head_norm_eps
 
     def describe(self) -> str:

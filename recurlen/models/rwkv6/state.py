@@ -19,36 +19,13 @@ token of context at a segment boundary, which the split-invariance tests measure
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
-import torch
-
-from recurlen.models.state import LayeredState
+from recurlen.models.rwkv_common import RWKVState
 
 
 @dataclass
-class RWKV6State(LayeredState):
-    wkv: torch.Tensor  # (K, B, H, Dk, Dv) float32
-    att_shift: torch.Tensor  # (K, B, D)
-    ffn_shift: torch.Tensor  # (K, B, D)
-
-    RECURRENT: ClassVar[tuple[str, ...]] = ("wkv",)
-    WINDOW: ClassVar[tuple[str, ...]] = ("att_shift", "ffn_shift")
-    GROUP_DIMS: ClassVar[dict[str, int]] = {"wkv": 1}  # fitted noise per (layer, head)
-
-    def __post_init__(self) -> None:
-        if self.wkv.dim() != 5 or self.att_shift.dim() != 3 or self.ffn_shift.dim() != 3:
-            raise ValueError("RWKV6State needs wkv (layers, batch, heads, head_dim, head_v_dim), att_shift and "
-                             f"ffn_shift (layers, batch, hidden); got {tuple(self.wkv.shape)}, "
-                             f"{tuple(self.att_shift.shape)} and {tuple(self.ffn_shift.shape)}")
-        super().__post_init__()
-
-    @classmethod
-    def zeros_for(cls, config, batch: int, *, device: torch.device | str | None = None) -> RWKV6State:
-        lead = (config.num_hidden_layers, batch)
-        return cls(torch.zeros(*lead, config.num_heads, config.head_dim, config.head_v_dim, device=device),
-                   torch.zeros(*lead, config.hidden_size, device=device),
-                   torch.zeros(*lead, config.hidden_size, device=device))
+class RWKV6State(RWKVState):
+    """wkv (K, B, H, Dk, Dv) float32, att_shift and ffn_shift (K, B, D): RWKVState's parts and lane operations."""
 
 
 __all__ = ["RWKV6State"]

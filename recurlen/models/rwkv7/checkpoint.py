@@ -15,12 +15,11 @@ keys) is refused by name.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from recurlen.models.official import SAFETENSORS_NAME, OfficialFormat
 from recurlen.models.rwkv7.config import RWKV7Config, refuse_decay_clamp
+from recurlen.models.rwkv_common import blinkdl_layers, blinkdl_read_keys, blinkdl_write_keys
 from recurlen.models.weights_file import WeightsFileFormat
 from recurlen.util.errors import UserError
 
@@ -45,9 +44,6 @@ _PLAIN = {
 }
 # The low-rank pairs: BlinkDL's X1 (D, R), X2 (R, D), X0 (1, 1, D) -> fla's X_lora.lora.{0.weight, 2.weight, 2.bias}.
 _LORAS = {"w": "w_lora", "a": "a_lora", "v": "v_lora", "g": "g_lora"}
-_TOP = {"emb.weight": "model.embeddings.weight", "ln_out.weight": "model.norm.weight",
-        "ln_out.bias": "model.norm.bias", "head.weight": "lm_head.weight"}
-_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
 _UNUSED_IN_FIRST = {"att.v0", "att.v1", "att.v2"}
 
 
@@ -75,9 +71,8 @@ def _config_from_shapes(t: dict[str, torch.Tensor], source: str) -> RWKV7Config:
         if key not in t:
             raise UserError(f"{source}: not an RWKV-7 (x070) checkpoint: it has no {key!r}")
     vocab, hidden = t["emb.weight"].shape
-    layers = 1 + max(int(m.group(1)) for m in map(_BLOCK.fullmatch, t) if m)
     v_rank = t["blocks.1.att.v1"].shape[1] if "blocks.1.att.v1" in t else 16  # one layer: no value residual
-    return RWKV7Config(hidden_size=hidden, num_hidden_layers=layers, head_dim=t["blocks.0.att.r_k"].shape[1],
+    return RWKV7Config(hidden_size=hidden, num_hidden_layers=blinkdl_layers(t), head_dim=t["blocks.0.att.r_k"].shape[1],
                        decay_low_rank_dim=t["blocks.0.att.w1"].shape[1], a_low_rank_dim=t["blocks.0.att.a1"].shape[1],
                        gate_low_rank_dim=t["blocks.0.att.g1"].shape[1], v_low_rank_dim=v_rank,
                        intermediate_size=t["blocks.0.ffn.key.weight"].shape[0], vocab_size=vocab, norm_eps=1e-5,
@@ -91,34 +86,21 @@ def blinkdl_read(t: dict[str, torch.Tensor], source: str) -> tuple[RWKV7Config, 
         raise UserError(f"{source}: not an RWKV-7 (x070) checkpoint (no blocks.0.att.k_k / r_k); recurlen loads "
                         "RWKV-7 only from this file")
     cfg = _config_from_shapes(t, source)
-    out, unknown = {}, []
     loras = {i: _lora_parts(i) for i in range(cfg.num_hidden_layers)}
-    for name, tensor in t.items():
-        if name in _TOP:
-            out[_TOP[name]] = tensor
-            continue
-        m = _BLOCK.fullmatch(name)
-        if m is None:
-            unknown.append(name)
-            continue
-        i, rest = int(m.group(1)), m.group(2)
-        prefix = f"model.layers.{i}."
-        if i == 0 and rest in ("ln0.weight", "ln0.bias"):
-            out[prefix + "pre_norm." + rest.split(".")[1]] = tensor
-        elif rest in _PLAIN:
+
+    def block(i: int, rest: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        if rest in _PLAIN:
             fla = _PLAIN[rest]
             # (1, 1, D) -> (D,) except the token-shift mixes, which fla keeps (1, 1, D)
-            out[prefix + fla] = tensor if fla.startswith("attn.x_") or tensor.dim() != 3 else tensor.reshape(-1)
-        elif rest in loras[i]:
-            out[prefix + loras[i][rest]] = tensor.reshape(-1) if rest[-1] == "0" else tensor.t()
-        elif i == 0 and rest in _UNUSED_IN_FIRST:
-            continue
-        else:
-            unknown.append(name)
-    if unknown:
-        raise UserError(f"{source}: keys recurlen's RWKV-7 does not have: {sorted(unknown)[:6]}"
-                        f"{'...' if len(unknown) > 6 else ''} (a tuned initial state, DeepEmbed or another RWKV "
-                        "version's weights are not supported)")
+            return {fla: tensor if fla.startswith("attn.x_") or tensor.dim() != 3 else tensor.reshape(-1)}
+        if rest in loras[i]:
+            return {loras[i][rest]: tensor.reshape(-1) if rest[-1] == "0" else tensor.t()}
+        if i == 0 and rest in _UNUSED_IN_FIRST:
+            return {}
+        return None
+
+    out = blinkdl_read_keys(t, block, source=source, title="RWKV-7",
+                            unsupported="a tuned initial state, DeepEmbed or another RWKV version's weights")
     return cfg, out
 
 
@@ -126,19 +108,18 @@ def blinkdl_write(model) -> dict[str, torch.Tensor]:
     """The model's weights as a BlinkDL RWKV-7 .pth state dict (what the `rwkv` package loads)."""
     cfg, sd = model.config, model.state_dict()
     refuse_decay_clamp(cfg, "BlinkDL's RWKV-7 .pth")
-    out = {name: sd[fla] for name, fla in _TOP.items()}
-    for i in range(cfg.num_hidden_layers):
-        prefix, block = f"model.layers.{i}.", f"blocks.{i}."
-        if i == 0:
-            out[block + "ln0.weight"] = sd[prefix + "pre_norm.weight"]
-            out[block + "ln0.bias"] = sd[prefix + "pre_norm.bias"]
+
+    def block(i: int, prefix: str) -> dict[str, torch.Tensor]:
+        out = {}
         for rest, fla in _PLAIN.items():
             value = sd[prefix + fla]
-            out[block + rest] = value.view(1, 1, -1) if rest in ("att.k_k", "att.k_a", "ffn.x_k") else value
+            out[rest] = value.view(1, 1, -1) if rest in ("att.k_k", "att.k_a", "ffn.x_k") else value
         for rest, fla in _lora_parts(i).items():
             value = sd[prefix + fla]
-            out[block + rest] = value.view(1, 1, -1) if rest[-1] == "0" else value.t()
-    return {k: v.contiguous() for k, v in out.items()}
+            out[rest] = value.view(1, 1, -1) if rest[-1] == "0" else value.t()
+        return out
+
+    return blinkdl_write_keys(sd, cfg.num_hidden_layers, block)
 
 
 BLINKDL_FILE = WeightsFileFormat(suffix=".pth", description="BlinkDL's RWKV-7 .pth checkpoint", read=blinkdl_read,

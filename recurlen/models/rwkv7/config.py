@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recurlen.models.fla_model import FlaConfig
 from recurlen.models.rwkv7.scan import LOG_DECAY_FLOOR
+from recurlen.models.rwkv_common import RWKVConfig
 from recurlen.util.errors import UserError
 
 MAX_CHUNK = 64
@@ -23,11 +23,9 @@ rwkv7.scan): far inside float32's range. Longer chunks would drift towards its l
 
 
 @dataclass
-class RWKV7Config(FlaConfig):
-    hidden_size: int = 128
-    """Width of the residual stream (BlinkDL: n_embd); also the key and value width of the time mix."""
-    num_hidden_layers: int = 2
-    """Number of blocks (time mix + channel mix each)."""
+class RWKV7Config(RWKVConfig):
+    """RWKVConfig's shared fields (sizes, channel mix, norms, vocabulary) and RWKV-7's own below."""
+
     head_dim: int = 64
     """Key (= value) channels per head; each head holds a (head_dim x head_dim) WKV state. The world models: 64."""
     num_heads: int | None = None
@@ -40,23 +38,6 @@ class RWKV7Config(FlaConfig):
     """Rank of the in-context learning rate a (BlinkDL: a1)."""
     v_low_rank_dim: int = 16
     """Rank of the value residual's mix towards the first layer's value (BlinkDL: v1; layers after the first)."""
-    hidden_ratio: float | None = 4
-    """Channel-mix width when intermediate_size is None: hidden_size * hidden_ratio, rounded up to 32."""
-    intermediate_size: int | None = None
-    hidden_act: str = "sqrelu"
-    attn_mode: str = "chunk"
-    """fla's kernel choice; recurlen's scan is chunked either way ('chunk' or 'fused_recurrent' accepted)."""
-    norm_first: bool = True
-    """A LayerNorm on the embeddings before the first block (BlinkDL: blocks.0.ln0)."""
-    norm_bias: bool = True
-    norm_eps: float = 1e-5
-    """LayerNorm eps; the per-head output GroupNorm's is head_dim * norm_eps unless head_norm_eps is set (fla)."""
-    head_norm_eps: float | None = None
-    """eps of the per-head output GroupNorm; None: head_dim * norm_eps (fla). BlinkDL's code uses 64e-5 for every
-    head size (the same for its heads of 64)."""
-    vocab_size: int = 257
-    tie_word_embeddings: bool = False
-    initializer_range: float = 0.02
     decay_offset_range: tuple[float, float] | None = None
     """None: fla's from-scratch decay offset (BlinkDL's w0, the bias of w_lora), ramped over channels and layers
     from about -8 to +3: decays exp(-exp(-1/2) sigmoid(w0)) from 0.9998 to 0.56 per token at zero data-dependent
@@ -99,24 +80,10 @@ class RWKV7Config(FlaConfig):
         if self.chunk_size > MAX_CHUNK:
             raise ValueError(f"model config: chunk_size={self.chunk_size} is above {MAX_CHUNK} (the scan's decays "
                              "are factored per chunk; see recurlen.models.rwkv7.scan)")
-        if self.intermediate_size is None and (self.hidden_ratio is None or self.hidden_ratio <= 0):
-            raise ValueError("model config: give intermediate_size or a positive hidden_ratio")
-        if self.intermediate_size is not None:
-            self.check_positive_ints(("intermediate_size",))
-        if self.hidden_act != "sqrelu":
-            raise ValueError(f"model config: hidden_act={self.hidden_act!r} is not supported; allowed: 'sqrelu'")
-        if self.attn_mode not in ("chunk", "fused_recurrent"):
-            raise ValueError(f"model config: attn_mode={self.attn_mode!r}; allowed: 'chunk', 'fused_recurrent'")
-        if not self.norm_first:
-            raise ValueError("model config: norm_first=false is not supported (every RWKV-7 checkpoint has the "
-                             "embedding norm)")
+        self.check_rwkv()
         if self.log_decay_min is not None and not LOG_DECAY_FLOOR < self.log_decay_min < 0:
             raise ValueError(f"model config: log_decay_min must be null or in ({LOG_DECAY_FLOOR:.6f}, 0) (a log "
                              f"decay per token above RWKV-7's own floor); got {self.log_decay_min}")
-        for name in ("norm_eps", "head_norm_eps"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"model config: {name} must be > 0; got {value}")
 
     # ------------------------------------------------------------------ derived sizes (fla's layer)
     @property
@@ -132,14 +99,9 @@ class RWKV7Config(FlaConfig):
         return self.head_dim
 
     @property
-    def ffn_size(self) -> int:
-        if self.intermediate_size is not None:
-            return self.intermediate_size
-        size = int(self.hidden_size * self.hidden_ratio)
-        return 32 * ((size + 31) // 32)
-
-    @property
     def group_norm_eps(self) -> float:
+        """fla's RWKV-7: head_dim * norm_eps unless head_norm_eps is set (BlinkDL's code: 64e-5 for every head size,
+        the same for its heads of 64)."""
         return self.head_dim * self.norm_eps if self.head_norm_eps is None else self.head_norm_eps
 
     def describe(self) -> str:

@@ -26,34 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
-from recurlen.models.state import LayeredState
+from recurlen.models.rwkv_common import RWKVState
 
 
 @dataclass
-class RWKV7State(LayeredState):
-    wkv: torch.Tensor  # (K, B, H, N, N) float32, key-major
-    att_shift: torch.Tensor  # (K, B, D)
-    ffn_shift: torch.Tensor  # (K, B, D)
+class RWKV7State(RWKVState):
+    """wkv (K, B, H, N, N) float32, key-major, att_shift and ffn_shift (K, B, D): RWKVState's parts and lane
+    operations."""
 
-    RECURRENT: ClassVar[tuple[str, ...]] = ("wkv",)
-    WINDOW: ClassVar[tuple[str, ...]] = ("att_shift", "ffn_shift")
-    GROUP_DIMS: ClassVar[dict[str, int]] = {"wkv": 1}  # fitted noise per (layer, head)
-
-    def __post_init__(self) -> None:
-        if self.wkv.dim() != 5 or self.att_shift.dim() != 3 or self.ffn_shift.dim() != 3:
-            raise ValueError("RWKV7State needs wkv (layers, batch, heads, head_dim, head_dim), att_shift and "
-                             f"ffn_shift (layers, batch, hidden); got {tuple(self.wkv.shape)}, "
-                             f"{tuple(self.att_shift.shape)} and {tuple(self.ffn_shift.shape)}")
-        super().__post_init__()
-
-    @classmethod
-    def zeros_for(cls, config, batch: int, *, device: torch.device | str | None = None) -> RWKV7State:
-        lead = (config.num_hidden_layers, batch)
-        return cls(torch.zeros(*lead, config.num_heads, config.head_dim, config.head_dim, device=device),
-                   torch.zeros(*lead, config.hidden_size, device=device),
-                   torch.zeros(*lead, config.hidden_size, device=device))
+    WKV_DIMS: ClassVar[str] = "head_dim, head_dim"
 
 
 __all__ = ["RWKV7State"]
