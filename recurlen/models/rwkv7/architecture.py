@@ -7,4 +7,7 @@ from recurlen.models.interface import Architecture
 from recurlen.models.rwkv7.model import RWKV7LM
 
 ARCHITECTURE = Architecture(name="rwkv7", title="RWKV-7", model_cls=RWKV7LM,
-                            demo_cost=3.0)  # first estimate only: RWKV-6's 2.7 plus the WY solve per chunk
+                            # the demo's tiny training step costs ~1.4x Mamba-2's demo step (0.537 / 0.382 s and
+                            # 0.625 / 0.451 s medians, one thread, the two interleaved on 2 cores shared with other
+                            # jobs)
+                            demo_cost=1.4)
