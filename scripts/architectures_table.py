@@ -1,11 +1,14 @@
 """One Markdown table of every architecture's demo (docs/demo.md, "Seven architectures at a glance"), printed from
 the demos' own results.json files, so that every number in it comes from this command.
 
-    .venv/bin/python scripts/architectures_table.py [--quick ARCH ...] [--control ARCH=RUN_ROOT ...] [--root DIR]
+    .venv/bin/python scripts/architectures_table.py [--quick ARCH ...] [--run ARCH=RUN_ROOT ...]
+        [--control ARCH=RUN_ROOT ...] [--root DIR]
 
 One row per architecture that has a demo (recurlen.commands.demo.demo_architectures(), the registry's order), read
 from the run root `recurlen demo arch=ARCH` writes (runs/demo, runs/demo-<arch>); `--quick ARCH` reads that
-architecture's quick demo (runs/demo-<arch>-quick, evaluated to 16T) instead, and its row says so. A run root
+architecture's quick demo (runs/demo-<arch>-quick, evaluated to 16T) instead, `--run ARCH=RUN_ROOT` a demo run with
+another run_root (a setting searched with `recurlen demo ... run_root=...`); the row names the run root it read and
+says when it is a quick demo (its demo_config.yaml). A run root
 without results.json gives a row that says so, never numbers from elsewhere. Each row:
   - setting: the fields of the demo's model (its pre-training's config.yaml) that differ from the model table's row
     of the same name: the model-organism setting (slow-decay init, clamp) the demo adds to the published shape;
@@ -148,15 +151,16 @@ def describe(setting: dict) -> str:
     return ", ".join(f"{k} {json.dumps(v)}" for k, v in setting.items())
 
 
-def rows(root: Path, *, quick: Sequence[str] = (), controls: dict[str, str] | None = None) -> list[list[str]]:
+def rows(root: Path, *, quick: Sequence[str] = (), controls: dict[str, str] | None = None,
+         chosen: dict[str, str] | None = None) -> list[list[str]]:
     """One table row per architecture with a demo, cells as printed."""
     controls = controls or {}
     titles = {name: arch.title for name, arch in registry.architectures().items()}
     out = []
     for arch in demo_architectures():
-        run_root = DemoConfig(arch=arch, quick=arch in quick).run_root
+        run_root = (chosen or {}).get(arch) or DemoConfig(arch=arch, quick=arch in quick).run_root
         runs, setting = read_demo(root / run_root)
-        label = f"{run_root} (quick demo: to 16T)" if arch in quick else run_root
+        label = f"{run_root} (quick demo)" if is_quick(root / run_root) else run_root
         if runs is None:
             out.append([titles[arch], f"{label}: no results.json", describe(setting) if setting else "-",
                         *["-"] * (len(HEADER) - 4), "not measured here"])
@@ -171,6 +175,12 @@ def rows(root: Path, *, quick: Sequence[str] = (), controls: dict[str, str] | No
     return out
 
 
+def is_quick(run_root: Path) -> bool:
+    """Whether the demo that wrote run_root was the quick one (its demo_config.yaml)."""
+    config = run_root / "demo_config.yaml"
+    return config.is_file() and bool(OmegaConf.load(config).get("quick", False))
+
+
 def markdown(table_rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|---" * len(HEADER) + "|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in table_rows])
@@ -181,19 +191,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", default=".", help="directory the demos' run roots (runs/...) are under")
     parser.add_argument("--quick", action="append", default=[], metavar="ARCH",
                         help="read this architecture's quick demo (runs/demo-<arch>-quick) instead of the full one")
+    parser.add_argument("--run", action="append", default=[], metavar="ARCH=RUN_ROOT",
+                        help="read this architecture's row from a demo run with another run_root")
     parser.add_argument("--control", action="append", default=[], metavar="ARCH=RUN_ROOT",
                         help="a demo of ARCH without its demo's setting (its base says whether it fails without it)")
     args = parser.parse_args(argv)
     try:
         known = demo_architectures()
         controls = dict(c.split("=", 1) for c in args.control if "=" in c)
-        bad = [a for a in [*args.quick, *controls] if a not in known] + [c for c in args.control if "=" not in c]
+        chosen = dict(c.split("=", 1) for c in args.run if "=" in c)
+        bad = [a for a in [*args.quick, *controls, *chosen] if a not in known]
+        bad += [c for c in [*args.control, *args.run] if "=" not in c]
         if bad:
-            raise UserError(f"unknown architecture or malformed --control {bad}; architectures with a demo: {known}, "
-                            "--control as ARCH=RUN_ROOT")
+            raise UserError(f"unknown architecture or malformed --control / --run {bad}; architectures with a demo: "
+                            f"{known}, --control and --run as ARCH=RUN_ROOT")
         print("full - reset (nats/token) in [4T,8T) / [8T,16T) / [16T,32T) from a zero state; (x%): the [0,T) "
               "loss against the base's.\n")
-        print(markdown(rows(Path(args.root), quick=args.quick, controls=controls)))
+        print(markdown(rows(Path(args.root), quick=args.quick, controls=controls, chosen=chosen)))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

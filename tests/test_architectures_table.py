@@ -47,6 +47,7 @@ def demo_dir(root: Path, arch: str, given: dict[str, dict[str, float]], *, quick
     (out / "eval" / "results.json").write_text(json.dumps(
         {"format": "recurlen.eval/1", "runs": [run(k, v, bins=5 if quick else 6) for k, v in given.items()]}))
     write_report([out / "eval"], out_dir=out, checks=demo_checks)
+    OmegaConf.save(OmegaConf.create({"arch": arch, "quick": quick, "run_root": str(out)}), out / "demo_config.yaml")
     (out / "pretrain").mkdir()
     OmegaConf.save(OmegaConf.create({"model": {"architecture": arch, **(model or demo_model(arch))}}),
                    out / "pretrain" / "config.yaml")
@@ -96,7 +97,7 @@ def test_each_row_is_read_from_its_demo_and_says_what_it_shows(tmp_path):
                       "without it (runs/without: none: the table's shape and init) base -0.073 in [8T,16T)")
 
     row = rows[titles[third]]
-    assert row[1] == f"{DemoConfig(arch=third, quick=True).run_root} (quick demo: to 16T)"
+    assert row[1] == f"{DemoConfig(arch=third, quick=True).run_root} (quick demo)"
     assert row[3] == "-0.034 / -0.013 / n/a" and row[6] == "-0.093 / -0.082 / n/a (-1.0%)"
     assert row[8] == "does not fail (base -0.013 in [8T,16T))"
 
@@ -114,12 +115,15 @@ def test_a_fix_must_hold_within_the_in_context_bar_and_a_small_cut_is_not_halved
     assert architectures_table.rows(tmp_path / "a")[0][8] == ("fails, not fixed: state_passing holds to 32T but "
                                                               "costs +12.0% in context (over 8%)")
     small = {"base": HALVED["base"], "tbptt": {"[0,T)": 2.4, "[4T,8T)": 0.3, "[8T,16T)": 0.4, "[16T,32T)": 0.45}}
-    demo_dir(tmp_path / "b", arch, small)
-    assert architectures_table.rows(tmp_path / "b")[0][8] == ("fails, not fixed (best: tbptt, [8T,16T) cut by 24%; "
-                                                              "not fixed)")
+    demo_dir(tmp_path / "b", arch, small, run_root="runs/searched", quick=True)
+    assert architectures_table.rows(tmp_path / "b")[0][1] == f"{DemoConfig(arch=arch).run_root}: no results.json"
+    assert architectures_table.main(["--root", str(tmp_path / "b"), "--run", f"{arch}=runs/searched"]) == 0
+    assert "| runs/searched (quick demo) |" in capsys.readouterr().out
+    assert architectures_table.rows(tmp_path / "b", chosen={arch: "runs/searched"})[0][8] == (
+        "fails, not fixed (best: tbptt, [8T,16T) cut by 24%; not fixed)")
     assert architectures_table.main(["--root", str(tmp_path), "--quick", "no-such-arch"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: unknown architecture or malformed --control ['no-such-arch']")
+    assert err.startswith("error: unknown architecture or malformed --control / --run ['no-such-arch']")
     assert err.count("\n") == 1
 
 
@@ -160,8 +164,9 @@ def test_every_number_of_a_full_demo_row_is_in_that_architectures_own_table(caps
     section documents."""
     args, _ = docs_section()
     monkeypatch.chdir(ROOT)
-    printed = architectures_table.rows(ROOT, quick=args[args.index("--quick") + 1:args.index("--quick") + 2]
-                                       if "--quick" in args else [])
+    assert architectures_table.main(args) == 0
+    printed = [[c.strip() for c in line.strip("|").split(" | ")] for line in capsys.readouterr().out.splitlines()
+               if line.startswith("|")][2:]
     text = (ROOT / "docs" / "demo.md").read_text()
     checked = []
     for row in printed:
