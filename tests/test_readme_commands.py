@@ -369,6 +369,13 @@ def stand_ins(world: Path) -> None:
                 # The 780m lines' dry runs see these directories too: with the tiny run's config.yaml they would
                 # (rightly) refuse to resume a run of another model; the evaluations read only the checkpoint.
                 (target / "config.yaml").unlink(missing_ok=True)
+    # The Mamba-1 quick demo's base and post-trainings, which docs/evaluation.md's Mamba-1 comparison reads (its
+    # lines dry-run, so the tiny demo's checkpoints stand in: only the paths must resolve).
+    mamba1 = world / "runs" / "demo-mamba1-quick"
+    for source, target in [(world / "runs" / "demo" / "pretrain", mamba1 / "pretrain"),
+                           *((post / "tbptt", mamba1 / "post" / name) for name in ("none", "state_passing", "tbptt"))]:
+        if not target.exists():
+            shutil.copytree(source, target)
     for name in DATA_STAND_INS:
         (world / name).parent.mkdir(parents=True, exist_ok=True)
         (world / name).touch()
