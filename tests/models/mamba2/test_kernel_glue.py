@@ -21,9 +21,10 @@ def up(t):
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def fake_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, dt_softplus=False,
-              dt_limit=(0.0, float("inf")), return_final_states=False):
-    assert z is None and return_final_states and chunk_size > 0
+def fake_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+              dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False):
+    # seq_idx (packed rows) is the kernel's own argument; these rows hold one document each.
+    assert z is None and seq_idx is None and return_final_states and chunk_size > 0
     dt = up(dt) + up(dt_bias)
     dt = (F.softplus(dt) if dt_softplus else dt).clamp(*dt_limit)
     y, final = ssd_naive(x.double(), dt.double(), A.double(), B.double(), C.double(),
