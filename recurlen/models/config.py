@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
+from recurlen.util.errors import UserError
+
 C = TypeVar("C", bound="ModelConfig")
 
 
@@ -54,9 +56,17 @@ class ModelConfig:
         return cls(**d)
 
 
+def refuse_decay_clamp(field: str, value: float | None, *, target: str, consequence: str, model: str) -> None:
+    """A model-organism clamp on the decay (recurlen's own field, off by default) has no place in an official format:
+    writing the weights without it would give another model there, so the export is refused in one line."""
+    if value is not None:
+        raise UserError(f"model config: {field}={value} clamps the decay, which {target} cannot express: "
+                        f"{consequence}; export {model} trained without the clamp ({field}: null)")
+
+
 def padded(size: int, multiple: int) -> int:
     """size rounded up to a multiple (embedding rows: 50277 -> 50288 for multiples of 16)."""
     return int(math.ceil(size / multiple) * multiple)
 
 
-__all__ = ["ModelConfig", "padded"]
+__all__ = ["ModelConfig", "padded", "refuse_decay_clamp"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from recurlen.models import config
 from recurlen.models.fla_model import FlaConfig, swiglu_width
-from recurlen.util.errors import UserError
 
 GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")
 
@@ -146,10 +146,9 @@ class GatedDeltaNetConfig(FlaConfig):
 
 def refuse_decay_clamp(cfg: GatedDeltaNetConfig, target: str) -> None:
     """fla computes Gated DeltaNet without recurlen's clamp_min: writing one would be another model."""
-    if cfg.clamp_min is not None:
-        raise UserError(f"model config: clamp_min={cfg.clamp_min} clamps the decay, which {target} cannot express: "
-                        "fla's model would compute another model from these weights; export a Gated DeltaNet "
-                        "trained without the clamp (clamp_min: null)")
+    config.refuse_decay_clamp("clamp_min", cfg.clamp_min, target=target,
+                              consequence="fla's model would compute another model from these weights",
+                              model="a Gated DeltaNet")
 
 
 __all__ = ["GatedDeltaNetConfig", "refuse_decay_clamp"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from recurlen.models import config
 from recurlen.models.config import ModelConfig, padded
 from recurlen.models.mixer_model import mixer_model_json, read_mixer_model_json
-from recurlen.util.errors import UserError
 
 LAYER = "Mamba3"
 MIXER_NORM_EPS = 1e-5
@@ -135,10 +135,8 @@ class Mamba3Config(ModelConfig):
 
     def to_official_json(self) -> dict[str, Any]:
         """mamba-ssm's language-model config.json with `ssm_cfg.layer: Mamba3` (its Mamba3 constructor's names)."""
-        if self.log_decay_min is not None:
-            raise UserError(f"model config: log_decay_min={self.log_decay_min} clamps the decay, which mamba-ssm's "
-                            "Mamba3 cannot express: the official format would compute another model; export a "
-                            "Mamba-3 trained without the clamp (log_decay_min: null)")
+        config.refuse_decay_clamp("log_decay_min", self.log_decay_min, target="mamba-ssm's Mamba3",
+                                  consequence="the official format would compute another model", model="a Mamba-3")
         return mixer_model_json(self, {"layer": LAYER, **{k: getattr(self, k) for k in self._SSM_KEYS}},
                                 hybrid_keys=True)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from recurlen.models import config
 from recurlen.models.rwkv7.scan import LOG_DECAY_FLOOR
 from recurlen.models.rwkv_common import RWKVConfig
-from recurlen.util.errors import UserError
 
 MAX_CHUNK = 64
 """The pure-PyTorch scan factors each pair's decay as exp(c_t - m) exp(m - c_s) around the chunk's midpoint m; a
@@ -128,10 +128,8 @@ class RWKV7Config(RWKVConfig):
 
 def refuse_decay_clamp(cfg: RWKV7Config, target: str) -> None:
     """The official formats compute RWKV-7 without recurlen's log_decay_min: writing one would be another model."""
-    if cfg.log_decay_min is not None:
-        raise UserError(f"model config: log_decay_min={cfg.log_decay_min} clamps the decay, which {target} cannot "
-                        "express: the official format would compute another model; export an RWKV-7 trained "
-                        "without the clamp (log_decay_min: null)")
+    config.refuse_decay_clamp("log_decay_min", cfg.log_decay_min, target=target,
+                              consequence="the official format would compute another model", model="an RWKV-7")
 
 
 __all__ = ["MAX_CHUNK", "RWKV7Config", "refuse_decay_clamp"]
