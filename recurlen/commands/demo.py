@@ -13,6 +13,7 @@ the demo runs again: its done marker matches the stage's arguments and its check
 (read from the checkpoint, never inferred from an exit code). SIGTERM, SIGUSR1 or SIGINT to the demo is passed
 on to the running stages (each in its own session, so a signal to the whole group arrives once): they write
 their checkpoints and stop, the demo exits with 128 + the signal number, and running it again continues them.
+During the evaluation the signal stops it where it is (nothing of it is written) and the demo exits the same way.
 """
 
 from __future__ import annotations
@@ -223,12 +224,21 @@ def stage_inputs(args: list[str]) -> dict[str, str]:
     return inputs
 
 
+EVAL_STOPPED = ("the demo's evaluation; its trained stages are kept and nothing of the evaluation was written: "
+                "rerun the same command to evaluate them")
+
+
 class _Stages:
-    """The running stage processes, and a stop signal the demo received (passed on to each of them once)."""
+    """The running stage processes, and a stop signal the demo received (passed on to each of them once).
+
+    While the demo works in its own process (the evaluation) there is no stage to pass a signal to: the signal stops
+    that work where it is (Interrupted is raised in the main thread, as KeyboardInterrupt would be)."""
 
     def __init__(self) -> None:
         self.running: set[subprocess.Popen] = set()
         self.stopped_on: int | None = None
+        self.in_process: str | None = None
+        """What the demo's own process is doing that a signal stops (None: only stages run)."""
         self.lock = threading.Lock()
 
     def forward(self, signum: int, frame) -> None:
@@ -237,6 +247,13 @@ class _Stages:
             for proc in self.running:
                 if proc.poll() is None:
                     proc.send_signal(signum)
+        if self.in_process is not None:
+            raise Interrupted(signum, step=0, checkpoint=None, during=self.in_process)
+
+    def check_stopped(self, during: str) -> None:
+        """Stop before `during` begins when a signal arrived since the last stage ended."""
+        if self.stopped_on is not None:
+            raise Interrupted(self.stopped_on, step=0, checkpoint=None, during=during)
 
 
 _STAGES = _Stages()
@@ -425,7 +442,12 @@ def _run_demo(cfg: DemoConfig) -> Path:
 
         progress.eval_started()
         t_eval = time.perf_counter()
-        _evaluate(cfg, root, base, eval_sequences, threads=total_threads)
+        _STAGES.in_process = EVAL_STOPPED
+        try:
+            _STAGES.check_stopped(EVAL_STOPPED)
+            _evaluate(cfg, root, base, eval_sequences, threads=total_threads)
+        finally:
+            _STAGES.in_process = None
         eval_seconds = time.perf_counter() - t_eval
         finished = True
     finally:

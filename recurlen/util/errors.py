@@ -44,14 +44,18 @@ class Interrupted(Exception):
     """Training stopped on a signal after writing a checkpoint: the command exits 128 + the signal number (not 0:
     a scheduler must not record success) with one line saying the run is resumable."""
 
-    def __init__(self, signum: int, *, step: int, checkpoint: str | None) -> None:
+    def __init__(self, signum: int, *, step: int, checkpoint: str | None, during: str | None = None) -> None:
         import signal
 
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
+        name = signal.Signals(signum).name
+        if during is not None:  # stopped in work that keeps no checkpoint: `during` says what, and what was kept
+            super().__init__(f"interrupted by {name} during {during}")
+            return
         where = f"checkpoint {checkpoint} written" if checkpoint else "no checkpoint could be written"
-        super().__init__(f"interrupted by {signal.Signals(signum).name} after step {step}, {where}; resumable: "
+        super().__init__(f"interrupted by {name} after step {step}, {where}; resumable: "
                          "rerun the same command (resume=auto) to continue exactly from it")
 
     @property

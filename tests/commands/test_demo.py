@@ -205,6 +205,46 @@ def test_stage_stopped_by_a_signal_is_interrupted_not_done(tmp_path, monkeypatch
     assert not (run_dir / DONE_MARKER).exists()
 
 
+@pytest.mark.parametrize("when", ["during", "before"])
+def test_a_signal_during_the_demos_evaluation_stops_it(tmp_path, monkeypatch, when):
+    """No stage runs while the demo evaluates, so the signal cannot be passed on: it stops the evaluation where it is
+    (or before it begins, when it arrived as the last stage ended) and the demo exits 128 + the signal number."""
+    import os
+    import signal
+    import time
+
+    import recurlen.commands.demo as demo
+    from recurlen.util.errors import Interrupted
+
+    monkeypatch.setattr(demo._STAGES, "stopped_on", None)
+    monkeypatch.setattr(demo, "_prepare_data", lambda cfg: None)
+
+    def stage(name, run_dir, args, **kwargs):
+        if when == "before" and name == "post/none":
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives with no stage running, before the evaluation
+        return {"stage": name, "reused": True, "seconds": 0.0, "steps": 1}
+
+    evaluated = []
+
+    def evaluate(*args, **kwargs):
+        evaluated.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # an evaluation that would go on: the signal must cut it short
+        evaluated.append("finished")
+
+    monkeypatch.setattr(demo, "run_stage", stage)
+    monkeypatch.setattr(demo, "_evaluate", evaluate)
+    cfg = load_demo_config([f"run_root={tmp_path / 'demo'}", "quick=true", "interventions=[none]", "parallel=1"])
+    start = time.perf_counter()
+    with pytest.raises(Interrupted, match=r"interrupted by SIGTERM during the demo's evaluation; its trained stages "
+                                          "are kept") as info:
+        demo.run_demo(cfg)
+    assert time.perf_counter() - start < 20 and info.value.exit_code == 143
+    assert evaluated == ([] if when == "before" else [True])
+    assert demo._STAGES.in_process is None and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert not (tmp_path / "demo" / "report.md").exists()
+
+
 def test_report_states_the_steps_its_checkpoints_hold(tmp_path):
     import torch
 
