@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from recurlen.training.finetune import run_finetune
-from tests.training.test_training import CrashAfter, Recorder
+from tests.training.test_training import run_recorded
 
 T = 16
 EOS = 256  # the byte tokenizer's
@@ -33,14 +32,7 @@ def run(experiment, run_dir, source, *extra, crash_after=None):
                      "intervention=tbptt", "intervention.pass_conv=true", "trainer.max_steps=10",
                      "trainer.checkpoint_every_n_steps=5", *extra)
     assert cfg.data.layout == "documents" and cfg.intervention.reset_prob == 0.0
-    rec = Recorder()
-    callbacks = [rec] if crash_after is None else [rec, CrashAfter(crash_after)]
-    if crash_after is None:
-        run_finetune(cfg, callbacks=callbacks)
-    else:
-        with pytest.raises((KeyboardInterrupt, SystemExit)):
-            run_finetune(cfg, callbacks=callbacks)
-    return rec
+    return run_recorded(cfg, crash_after=crash_after)
 
 
 @pytest.mark.parametrize("cap", [None, 2])

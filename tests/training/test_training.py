@@ -191,6 +191,17 @@ class CrashAfter(L.Callback):
             raise KeyboardInterrupt("simulated kill")
 
 
+def run_recorded(cfg, *, crash_after: int | None = None) -> Recorder:
+    """Train `cfg` with a Recorder (and a CrashAfter(crash_after) that stops it by KeyboardInterrupt / SystemExit)."""
+    rec = Recorder()
+    if crash_after is None:
+        run_finetune(cfg, callbacks=[rec])
+    else:
+        with pytest.raises((KeyboardInterrupt, SystemExit)):
+            run_finetune(cfg, callbacks=[rec, CrashAfter(crash_after)])
+    return rec
+
+
 REFRESH = {"every": ["intervention.fit_refresh=every", "intervention.fit_refresh_every=2"],
            "ema": ["intervention.fit_refresh=ema", "intervention.fit_refresh_every=2", "intervention.fit_ema=0.5"]}
 
