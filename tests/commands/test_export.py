@@ -2,34 +2,23 @@
 transformers-format directory comes back as the starting point of a post-training."""
 
 import json
-import logging
 import shlex
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from recurlen.commands import cli
 from recurlen.commands.model_card import finetune_words
 from recurlen.models import registry
 from recurlen.training.experiments.compose import compose
 from recurlen.training.finetune import run_finetune
 from recurlen.training.run_dir import load_model, run_config
+from tests.commands.export_helpers import run, state_passing_run
 
 IDS = torch.randint(0, 257, (2, 80), generator=torch.Generator().manual_seed(0))
 
 
-def run(capsys, *argv):
-    rc = cli.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-@pytest.fixture(autouse=True)
-def log_to_this_tests_stderr(monkeypatch):
-    """cli.main gives recurlen's logger a handler on the stderr of the first test that runs it: each test here
-    gets its own, so that its log lines land in its own capture."""
-    monkeypatch.setattr(logging.getLogger("recurlen"), "handlers", [])
+pytestmark = pytest.mark.usefixtures("cli_logs")  # each test's log lines land in its own capture
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +28,7 @@ def runs(tmp_path_factory, experiment):
 
     def get(arch: str):
         if arch not in made:
-            root = tmp_path_factory.mktemp(f"run-{arch}")
-            made[arch] = run_finetune(experiment(root / "post" / "state_passing", "intervention=state_passing",
-                                                 arch=arch))
+            made[arch] = state_passing_run(tmp_path_factory, experiment, arch=arch)
         return made[arch]
 
     return get

@@ -3,32 +3,22 @@ to the same config, transformers' `generate` never emits a padded vocabulary row
 hold the machine's --out path."""
 
 import json
-import logging
 
 import pytest
 import torch
 
 from recurlen.commands import cli
 from recurlen.models import registry
-from recurlen.training.finetune import run_finetune
 from recurlen.training.run_dir import load_model
+from tests.commands.export_helpers import run, state_passing_run
 
-
-def run(capsys, *argv):
-    rc = cli.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-@pytest.fixture(autouse=True)
-def log_to_this_tests_stderr(monkeypatch):
-    monkeypatch.setattr(logging.getLogger("recurlen"), "handlers", [])
+pytestmark = pytest.mark.usefixtures("cli_logs")  # each test's log lines land in its own capture
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, experiment):
     """A tiny Mamba-2 post-training run (state passing, 2 steps, T = 16)."""
-    return run_finetune(experiment(tmp_path_factory.mktemp("run") / "sp", "intervention=state_passing"))
+    return state_passing_run(tmp_path_factory, experiment)
 
 
 def strict_json(path):

@@ -3,34 +3,23 @@ run is refused unless overwrite=true, no file the export did not write is delete
 all, and every file it writes gets the same permissions."""
 
 import json
-import logging
 import os
 import shutil
 import subprocess
 
 import pytest
 
-from recurlen.commands import cli
 from recurlen.commands.export import ExportSettings, export
-from recurlen.training.finetune import run_finetune
 from recurlen.util.atomic_files import host_name
+from tests.commands.export_helpers import run, state_passing_run
 
-
-def run(capsys, *argv):
-    rc = cli.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-@pytest.fixture(autouse=True)
-def log_to_this_tests_stderr(monkeypatch):
-    monkeypatch.setattr(logging.getLogger("recurlen"), "handlers", [])
+pytestmark = pytest.mark.usefixtures("cli_logs")  # each test's log lines land in its own capture
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, experiment):
     """A tiny Mamba-2 post-training run (state passing, 2 steps)."""
-    return run_finetune(experiment(tmp_path_factory.mktemp("run") / "sp", "intervention=state_passing"))
+    return state_passing_run(tmp_path_factory, experiment)
 
 
 def snapshot(directory):
