@@ -338,3 +338,24 @@ def test_the_groups_follow_the_model_as_built_not_as_wrapped():
     iv.setup(model, lambda step: {"input_ids": torch.randint(0, 200, (2, 8), generator=g)}, seq_len=8)
     assert torch.equal(iv.stats.groups.order_KE, before)
     assert not torch.equal(iv.groups(model).order_KE, before)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_rows_fit_each_row_s_last_document_not_a_state_across_documents(arch):
+    """data.layout=packed: the fit resets at each flagged document start, as training does, so a row contributes
+    its last document's final state (run alone from zeros), never a state carried across a boundary."""
+    model = nano(arch).double()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 200, (3, 24), generator=gen)
+    resets = torch.zeros(3, 24, dtype=torch.bool)
+    resets[0, 9] = resets[1, 5] = resets[1, 17] = True  # row 2: one document continued from the row's start
+    last_start = [9, 17, 0]
+    got = fit_noise_stats(model, [{"input_ids": ids, "resets": resets}], num_batches=1, seq_len=24)
+    want = Accumulator()
+    for row, start in enumerate(last_start):
+        want.add(model.forward_hidden(ids[row:row + 1, start:])[1])
+    want = want.stats(num_states=3, seq_len=24)
+    torch.testing.assert_close(got.mean_KH, want.mean_KH, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(got.std_KH, want.std_KH, rtol=1e-5, atol=1e-7)
+    joined = fit_noise_stats(model, [{"input_ids": ids}], num_batches=1, seq_len=24)
+    assert not torch.allclose(joined.mean_KH, want.mean_KH, rtol=1e-3, atol=0)  # the test can tell the two apart

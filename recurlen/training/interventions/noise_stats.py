@@ -119,8 +119,9 @@ class Accumulator:
 @torch.no_grad()
 def fit_noise_stats(model: nn.Module, batches: Iterable[dict], *, num_batches: int, seq_len: int,
                     ranks: Ranks | None = None, groups: NoiseGroups | None = None) -> FittedNoiseStats:
-    """Per (layer, group) Gaussian of the final states of training sequences run from zeros (all ranks pooled);
-    groups: the state type's own (default) or those of intervention.fit_groups (build_groups)."""
+    """Per (layer, group) Gaussian of the final states of training sequences run from zeros (all ranks pooled;
+    packed rows reset at each document start, so each row gives its last document's state); groups: the state
+    type's own (default) or those of intervention.fit_groups (build_groups)."""
     ranks = ranks or Ranks()
     device = next(model.parameters()).device
     was_training = model.training
@@ -129,7 +130,11 @@ def fit_noise_stats(model: nn.Module, batches: Iterable[dict], *, num_batches: i
     sequences = 0
     try:
         for n, batch in enumerate(batches, start=1):
-            _, final = model.forward_hidden(batch["input_ids"].to(device))
+            # Packed rows (data.layout=packed) reset the state where a document starts, as training does: a row's
+            # final state is then its last document's, never a state run across a document boundary.
+            resets = batch.get("resets")
+            _, final = model.forward_hidden(batch["input_ids"].to(device),
+                                            **({} if resets is None else {"resets": resets.to(device)}))
             acc.add(final)
             sequences += batch["input_ids"].shape[0]
             if n >= num_batches:
