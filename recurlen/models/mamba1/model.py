@@ -114,7 +114,7 @@ class Mamba1Mixer(nn.Module):
             dt_BLR, B_BLN, C_BLN = torch.split(self.x_proj(x_BLI), [cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
             dt_raw_BLI, dt_bias_I = F.linear(dt_BLR, self.dt_proj.weight), self.dt_proj.bias
             if self.dt_scale is not None:  # the kernel forms softplus(dt + bias): give it the scaled dt's preimage
-                dt_raw_BLI = softplus_inverse(scaled(F.softplus(up(self.dt_proj(dt_BLR))), self.dt_scale))
+                dt_raw_BLI = softplus_inverse(scaled(F.softplus(up(dt_raw_BLI + dt_bias_I)), self.dt_scale))
                 dt_bias_I = torch.zeros_like(dt_bias_I)
             y_BLI, ssm_state_BIN = kernels.selective_scan(
                 x_BLI, dt_raw_BLI, A_IN, B_BLN, C_BLN, D_I=self.D, dt_bias_I=dt_bias_I,

@@ -1,5 +1,6 @@
-"""Mamba-1 with documents packed in a row on the kernel backend: mamba-ssm's CUDA selective_scan_fn has no reset, so
-the mixer runs the PyTorch scan and conv for such rows (exact), says so once, and never calls the kernel."""
+"""Mamba-1's kernel backend on the CPU (the mixers told to use the kernels). Documents packed in a row: mamba-ssm's
+CUDA selective_scan_fn has no reset, so the mixer runs the PyTorch scan and conv for such rows (exact), says so once,
+and never calls the kernel. A MambaExtend dt scale: the kernel gets the scaled dt, equal to the PyTorch path."""
 
 import logging
 
@@ -28,3 +29,28 @@ def test_packed_rows_take_the_torch_scan_on_the_kernel_backend(nano_model, monke
         got, final = model(ids, resets=resets)
     assert torch.equal(got, ref) and torch.equal(final.ssm, ref_final.ssm) and torch.equal(final.conv, ref_final.conv)
     assert sum("cannot reset the state inside a row" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_kernel_path_with_a_dt_scale_equals_the_torch_path(nano_model, monkeypatch):
+    """A MambaExtend dt scale on the kernel backend: the kernel is given the scaled dt's softplus preimage (dt_proj
+    run once); here mamba-ssm's CUDA scan is replaced by its documented contract, run on the CPU."""
+    from tests.models.mamba1.test_mamba1 import reference_selective_scan_fn
+
+    model = nano_model("mamba1")
+    for layer, scale in zip(model.layers, (0.1, 10.0)):
+        layer.mixer.dt_scale = torch.tensor(scale)
+    ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref, ref_final = model(ids, backend="torch")
+    monkeypatch.setattr(type(model), "_use_kernels", lambda self, device, backend: True)
+    monkeypatch.setattr(kernels, "_selective_scan_fn", lambda: (reference_selective_scan_fn, None))
+    with torch.no_grad():
+        got, final = model(ids)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final.ssm, ref_final.ssm, rtol=1e-4, atol=1e-4)
+    for layer in model.layers:
+        layer.mixer.dt_scale = None
+    with torch.no_grad():
+        plain, _ = model(ids)
+    # The scale changes the logits far more than the two paths differ: the comparison above can fail.
+    assert (plain - ref).abs().max() > 100 * max((got - ref).abs().max(), 1e-6)
