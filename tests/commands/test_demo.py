@@ -151,6 +151,36 @@ def test_stage_is_not_reused_when_its_experiment_or_starting_checkpoint_changed(
     assert not _stage_done(run_dir, args, 10)
 
 
+def test_a_setting_added_since_a_stage_finished_does_not_retrain_it_at_its_default(tmp_path):
+    """A newer recurlen adds settings; at their defaults (the old behaviour) a finished stage stays done. A changed
+    value, a setting given another value, a setting gone, or a marker with only the fingerprint has to agree."""
+    import torch
+
+    from recurlen.commands.demo import DONE_MARKER, _stage_done, stage_inputs
+
+    run_dir = tmp_path / "stage"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save({"global_step": 10}, run_dir / "checkpoints" / "last.ckpt")
+
+    def done_if_recorded(args, edit):
+        inputs = stage_inputs(args)
+        inputs["experiment"] = "recorded-by-an-older-recurlen"
+        edit(inputs["config"])
+        (run_dir / DONE_MARKER).write_text(json.dumps({"args": args, "inputs": inputs}))
+        return _stage_done(run_dir, args, 10)
+
+    args = ["experiment=demo-pretrain", f"run_dir={run_dir}", "trainer.max_steps=10"]
+    new_key = "trainer.head_loss"  # a setting the marker's recurlen did not have, today at its default
+    assert stage_inputs(args)["config"][new_key] == "auto"
+    assert done_if_recorded(args, lambda c: c.pop(new_key))
+    assert not done_if_recorded(args, lambda c: None)  # same values, unknown fingerprint: no guessing
+    assert not done_if_recorded(args, lambda c: c.update({"optim.lr": 1.0}))  # a value changed
+    assert not done_if_recorded(args, lambda c: c.update({"trainer.gone": 1}))  # a setting went away
+    assert not done_if_recorded(args, lambda c: c.clear())  # an older marker: the fingerprint alone
+    given = [*args, "trainer.head_loss=chunked"]  # the new setting away from its default
+    assert not done_if_recorded(given, lambda c: c.pop(new_key))
+
+
 def test_a_stale_stage_is_trained_again_with_its_old_run_archived(tmp_path, monkeypatch):
     """A finished stage whose inputs changed starts over (resume=archive): resuming it would keep the old result
     (its checkpoint already at the planned step) or be refused for changed settings. A stage stopped part-way, or
