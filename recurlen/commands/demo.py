@@ -18,7 +18,6 @@ During the evaluation the signal stops it where it is (nothing of it is written)
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -35,6 +34,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from recurlen.commands.demo_markers import DONE_MARKER, marker_matches, stage_done, stage_inputs
 from recurlen.commands.demo_progress import REFERENCE, DemoProgress
 from recurlen.commands.report import (
     FAILS_MARGIN,
@@ -53,7 +53,6 @@ from recurlen.util.errors import Interrupted, UserError
 
 log = logging.getLogger(__name__)
 
-DONE_MARKER = "stage_done.json"
 TIMINGS = "demo_timings.json"
 """Each stage's measured phases (start-up, seconds per step, finish), the evaluation's seconds and the load of the
 machine: what the bar's cost table (demo_progress.REFERENCE) is made from."""
@@ -173,7 +172,7 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
     post = _experiment_cfg(cfg, cfg.posttrain_experiment)
     lines = ["recurlen demo: plan" + (" (quick)" if cfg.quick else ""), *experiment_plan(pre, command="demo")[2:4],
              f"  1. pretrain      {cfg.pretrain_steps or pre.trainer.max_steps} steps -> {root / 'pretrain'}"
-             + (" (done: reused)" if _stage_done(root / "pretrain", _stage_args(
+             + (" (done: reused)" if stage_done(root / "pretrain", _stage_args(
                  cfg, cfg.pretrain_experiment, root / "pretrain", cfg.pretrain_steps, []),
                  cfg.pretrain_steps or pre.trainer.max_steps) else ""),
              f"  2. post/<name>   {cfg.posttrain_steps or post.trainer.max_steps} steps each, {cfg.parallel} at a "
@@ -184,113 +183,6 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
              f"  time         about {_minutes(_progress(cfg, disable=True).first_estimate)} on "
              f"{REFERENCE.machine} (measured stage costs; the bar rescales them to this machine as it runs)"]
     return lines
-
-
-def _marker_matches(run_dir: Path, args: list[str], inputs: dict | None = None) -> bool | None:
-    """Whether the stage's done marker records these arguments and inputs (stage_inputs(args), computed here unless
-    given); None when the stage has no marker."""
-    marker = run_dir / DONE_MARKER
-    if not marker.is_file():
-        return None
-    recorded = json.loads(marker.read_text())
-    return recorded.get("args") == args and inputs_agree(recorded.get("inputs") or {}, inputs or stage_inputs(args),
-                                                         args)
-
-
-def inputs_agree(recorded: dict, current: dict, args: list[str]) -> bool:
-    """A finished stage's recorded inputs against today's. The starting checkpoint must be the same file. The
-    composed experiment must hold the same values, except that a setting recorded nowhere (one that a newer recurlen
-    added) may stand at its default: a new setting's default keeps the old behaviour, so a finished stage is not
-    trained again for it. A value that changed, a setting that went away, or a marker that recorded only the
-    experiment's fingerprint (an older one) has to agree exactly."""
-    if recorded.get("start") != current.get("start"):
-        return False
-    if recorded.get("experiment") == current.get("experiment"):
-        return True
-    then, now = recorded.get("config"), current.get("config")
-    if not isinstance(then, dict) or not isinstance(now, dict) or set(then) - set(now):
-        return False
-    if any(then[key] != now[key] for key in then):
-        return False
-    added = [key for key in now if key not in then]
-    if not added:
-        return False  # same values, other fingerprint: the fingerprint's form changed; do not guess
-    from recurlen.training.experiments.compose import load_experiment
-
-    cfg = load_experiment(list(args))[0]
-    return all(_at_default(cfg, key, now[key]) for key in added)
-
-
-_NO_DEFAULT = object()
-
-
-def _at_default(cfg, dotted: str, value) -> bool:
-    """Whether the setting `dotted` of the composed experiment holds its dataclass field's default."""
-    import dataclasses
-
-    *parents, name = dotted.split(".")
-    node = cfg
-    for part in parents:
-        node = getattr(node, part, _NO_DEFAULT)
-        if node is _NO_DEFAULT:
-            return False
-    if not dataclasses.is_dataclass(node):
-        return False
-    field_ = next((f for f in dataclasses.fields(node) if f.name == name), None)
-    if field_ is None:
-        return False
-    if field_.default is not dataclasses.MISSING:
-        default = field_.default
-    elif field_.default_factory is not dataclasses.MISSING:
-        default = field_.default_factory()
-    else:
-        return False
-    return json.loads(json.dumps(default, default=str)) == value
-
-
-def _flat_config(cfg) -> dict:
-    """The composed experiment as dotted setting -> value, as JSON writes it (what a done marker records)."""
-    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-    flat: dict = {}
-
-    def walk(prefix: str, node) -> None:
-        if isinstance(node, dict) and node:
-            for key, value in node.items():
-                walk(f"{prefix}{key}.", value)
-        else:
-            flat[prefix[:-1]] = node
-
-    walk("", container)
-    return json.loads(json.dumps(flat, default=str))
-
-
-def _stage_done(run_dir: Path, args: list[str], planned_steps: int, inputs: dict | None = None) -> bool:
-    """Done = the marker records these arguments and inputs and the stage's checkpoint reached the planned step."""
-    if not _marker_matches(run_dir, args, inputs):
-        return False
-    step = checkpoint_step(RunDir(run_dir).last_checkpoint)
-    return step is not None and step >= planned_steps
-
-
-def stage_inputs(args: list[str]) -> dict:
-    """What a stage's result depends on beyond its arguments: the experiment as composed now (its fingerprint and
-    its settings; an edited experiment file changes them) and the checkpoint it starts from (a re-run pre-training
-    changes it), so that a finished stage is reused only while both are what it was trained from (inputs_agree)."""
-    import hashlib
-
-    from recurlen.training.experiments.compose import load_experiment
-
-    cfg = load_experiment(list(args))[0]
-    inputs = {"experiment": hashlib.sha256(OmegaConf.to_yaml(OmegaConf.structured(cfg)).encode()).hexdigest()[:16],
-              "config": _flat_config(cfg)}
-    start = Path(cfg.model.pretrained) if cfg.model.pretrained else None
-    if start is not None and start.is_file():
-        digest = hashlib.sha256()
-        with open(start, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        inputs["start"] = digest.hexdigest()[:16]
-    return inputs
 
 
 EVAL_STOPPED = ("the demo's evaluation; its trained stages are kept and nothing of the evaluation was written: "
@@ -338,7 +230,7 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
     (start-up to the first step, seconds per step, the last step to the exit: what the demo's bar prices)."""
     last = RunDir(run_dir).last_checkpoint
     inputs = stage_inputs(args)  # what the stage starts from: checked now, recorded when it is done
-    if _stage_done(run_dir, args, planned_steps, inputs):
+    if stage_done(run_dir, args, planned_steps, inputs):
         return {"stage": name, "reused": True, "seconds": 0.0, "steps": checkpoint_step(last)}
     if _STAGES.stopped_on is not None:  # the demo was asked to stop before this stage began
         raise Interrupted(_STAGES.stopped_on, step=checkpoint_step(last) or 0, checkpoint=None)
@@ -347,7 +239,7 @@ def run_stage(name: str, run_dir: Path, args: list[str], *, threads: int, planne
     # finished run (nothing trained: the old result kept under the new inputs) or be refused for changed settings.
     # Its marker goes first, so that a stage stopped during the new training resumes that one. A marker that matches
     # but whose checkpoint is short or damaged is not stale: the run resumes from its furthest-trained checkpoint.
-    restart = _marker_matches(run_dir, args, inputs) is False
+    restart = marker_matches(run_dir, args, inputs) is False
     if restart:
         log.info("demo stage %s: its arguments, experiment or starting checkpoint changed since it finished; its run "
                  "is archived (%s) and the stage is trained again", name, run_dir / "archive")

@@ -108,20 +108,21 @@ def _fake_stage(monkeypatch, *, writes_step, exit_code):
     monkeypatch.setattr(demo._STAGES, "stopped_on", None)
 
 
-def test_stage_done_only_when_its_checkpoint_reached_the_planned_step(tmp_path, monkeypatch):
-    from recurlen.commands.demo import DONE_MARKER, _stage_done, run_stage
+def teststage_done_only_when_its_checkpoint_reached_the_planned_step(tmp_path, monkeypatch):
+    from recurlen.commands.demo import run_stage
+    from recurlen.commands.demo_markers import DONE_MARKER, stage_done
 
     run_dir = tmp_path / "stage"
     args = [f"run_dir={run_dir}", "trainer.max_steps=10"]
     _fake_stage(monkeypatch, writes_step=10, exit_code=0)
     result = run_stage("pretrain", run_dir, args, threads=1, planned_steps=10)
     assert result["steps"] == 10 and not result["reused"]
-    assert _stage_done(run_dir, args, 10)
+    assert stage_done(run_dir, args, 10)
     assert run_stage("pretrain", run_dir, args, threads=1, planned_steps=10)["reused"]
     # The marker alone proves nothing: a checkpoint short of the plan (the plan grew, or it was replaced) is not done.
-    assert not _stage_done(run_dir, args, 12)
+    assert not stage_done(run_dir, args, 12)
     (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"torn")
-    assert not _stage_done(run_dir, args, 10)
+    assert not stage_done(run_dir, args, 10)
     assert (run_dir / DONE_MARKER).is_file()
 
 
@@ -130,7 +131,8 @@ def test_stage_is_not_reused_when_its_experiment_or_starting_checkpoint_changed(
     trained again (same path, other weights)."""
     import torch
 
-    from recurlen.commands.demo import _stage_done, run_stage
+    from recurlen.commands.demo import run_stage
+    from recurlen.commands.demo_markers import stage_done
 
     experiments = tmp_path / "experiments"
     shutil.copytree(experiments_dir(), experiments)
@@ -141,14 +143,14 @@ def test_stage_is_not_reused_when_its_experiment_or_starting_checkpoint_changed(
     args = ["experiment=demo-posttrain", f"run_dir={run_dir}", f"model.pretrained={base}", "trainer.max_steps=10"]
     _fake_stage(monkeypatch, writes_step=10, exit_code=0)
     run_stage("post/none", run_dir, args, threads=1, planned_steps=10)
-    assert _stage_done(run_dir, args, 10)
+    assert stage_done(run_dir, args, 10)
     torch.save({"global_step": 1, "weights": torch.ones(3)}, base)  # the base trained again
-    assert not _stage_done(run_dir, args, 10)
+    assert not stage_done(run_dir, args, 10)
     run_stage("post/none", run_dir, args, threads=1, planned_steps=10)
-    assert _stage_done(run_dir, args, 10)
+    assert stage_done(run_dir, args, 10)
     path = experiments / "demo-posttrain.yaml"
     path.write_text(path.read_text().replace("lr: 5.0e-4", "lr: 4.0e-4"))  # the experiment edited
-    assert not _stage_done(run_dir, args, 10)
+    assert not stage_done(run_dir, args, 10)
 
 
 def test_a_setting_added_since_a_stage_finished_does_not_retrain_it_at_its_default(tmp_path):
@@ -156,7 +158,7 @@ def test_a_setting_added_since_a_stage_finished_does_not_retrain_it_at_its_defau
     value, a setting given another value, a setting gone, or a marker with only the fingerprint has to agree."""
     import torch
 
-    from recurlen.commands.demo import DONE_MARKER, _stage_done, stage_inputs
+    from recurlen.commands.demo_markers import DONE_MARKER, stage_done, stage_inputs
 
     run_dir = tmp_path / "stage"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -167,7 +169,7 @@ def test_a_setting_added_since_a_stage_finished_does_not_retrain_it_at_its_defau
         inputs["experiment"] = "recorded-by-an-older-recurlen"
         edit(inputs["config"])
         (run_dir / DONE_MARKER).write_text(json.dumps({"args": args, "inputs": inputs}))
-        return _stage_done(run_dir, args, 10)
+        return stage_done(run_dir, args, 10)
 
     args = ["experiment=demo-pretrain", f"run_dir={run_dir}", "trainer.max_steps=10"]
     new_key = "trainer.head_loss"  # a setting the marker's recurlen did not have, today at its default
@@ -186,7 +188,8 @@ def test_a_stale_stage_is_trained_again_with_its_old_run_archived(tmp_path, monk
     (its checkpoint already at the planned step) or be refused for changed settings. A stage stopped part-way, or
     one whose marker matches, resumes."""
     import recurlen.commands.demo as demo
-    from recurlen.commands.demo import DONE_MARKER, _stage_done, run_stage
+    from recurlen.commands.demo import run_stage
+    from recurlen.commands.demo_markers import DONE_MARKER, stage_done
 
     commands = []
     run_dir = tmp_path / "stage"
@@ -201,7 +204,7 @@ def test_a_stale_stage_is_trained_again_with_its_old_run_archived(tmp_path, monk
     assert "resume=archive" not in commands[-1]  # same inputs, damaged checkpoint: resumed, not restarted
     changed = [*args, "optim.lr=1e-4"]
     run_stage("pretrain", run_dir, changed, threads=1, planned_steps=10)
-    assert "resume=archive" in commands[-1] and _stage_done(run_dir, changed, 10)
+    assert "resume=archive" in commands[-1] and stage_done(run_dir, changed, 10)
     # Stopped during the new training (no marker): the next run resumes it.
     (run_dir / DONE_MARKER).unlink()
     run_stage("pretrain", run_dir, changed, threads=1, planned_steps=10)
