@@ -14,8 +14,9 @@ without results.json gives a row that says so, never numbers from elsewhere. Eac
     of the same name: the model-organism setting (slow-decay init, clamp) the demo adds to the published shape;
   - base, none, fitted_noise, state_passing, tbptt: full - reset in [4T,8T) / [8T,16T) / [16T,32T) (nats/token, as
     the report shows them), and for the post-trainings the [0,T) loss's change against the base's (in-context cost);
-  - verdict: the base fails (full - reset >= the report's FAILS_MARGIN in [8T,16T)), degrades (above GENERALIZES_TOL,
-    below that bar) or does not fail; a fix holds (full -
+  - verdict: the base fails (full - reset >= the report's FAILS_MARGIN in [8T,16T)), fails past 16T (below that bar
+    in [8T,16T), over it in [16T,32T)), degrades (above GENERALIZES_TOL in [8T,16T), below the bar to the evaluation's
+    end) or does not fail; a fix holds (full -
     reset <= GENERALIZES_TOL in every bin from T to 16T, [0,T) loss within the demo's 8% of the base's): "fails and
     fixed"; else the best fix's cut in [8T,16T) ("fails, halved" from 50% on). `--control ARCH=RUN_ROOT` names a demo
     of the same architecture without the setting: where that base does not fail, the verdict says the architecture
@@ -117,6 +118,11 @@ def verdict(runs: dict[str, dict], control: tuple[str, dict[str, dict] | None] |
         return f"does not fail (base {failed:+.3f} in [8T,16T))"
     # Between the two bars the base is harmed, but not as much as the demo's check calls a failure.
     word, bar = ("fails", FAILS_MARGIN) if failed >= FAILS_MARGIN else ("degrades", GENERALIZES_TOL)
+    late = far_bin(base, "[16T,32T)")
+    # Under the bar in [8T,16T) (where the demo's check reads) but over it in [16T,32T): a failure that comes later.
+    fails_late = word == "degrades" and late is not None and late >= FAILS_MARGIN
+    if fails_late:
+        word = "fails"
     held = {name: holds(runs[name]) for name in FIXES if name in runs}
     held = {name: reach for name, reach in held.items() if reach}
     # A fix also keeps the [0,T) loss within the demo's 8% of the base's (its in-context check).
@@ -127,6 +133,10 @@ def verdict(runs: dict[str, dict], control: tuple[str, dict[str, dict] | None] |
     if word == "degrades":
         text = f"degrades, below the {FAILS_MARGIN:+g} bar (base {failed:+.3f} in [8T,16T))"
         text += f"; held by {fixed_text}" if fixed else ""
+    elif fails_late:
+        text = (f"fails past 16T (base {late:+.3f} in [16T,32T); {failed:+.3f} in [8T,16T), under the "
+                f"{FAILS_MARGIN:+g} bar there)")
+        text += f"; fixed: {fixed_text}" if fixed else "; not fixed"
     elif fixed:
         text = "fails and fixed: " + fixed_text
     elif held:

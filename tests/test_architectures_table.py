@@ -129,6 +129,15 @@ def test_a_fix_must_hold_within_the_in_context_bar_and_a_small_cut_is_not_halved
     assert architectures_table.rows(tmp_path / "c", quick=[arch], controls={arch: "runs/without"})[0][8] == (
         f"degrades, below the +0.3 bar (base +0.192 in [8T,16T)); held by tbptt to 16T; degrades only with the "
         f"setting: without it (runs/without: {setting}) base -0.013 in [8T,16T)")
+    # Under the bar in [8T,16T), over it in [16T,32T): it fails later, and the verdict says where.
+    late = {"base": {"[0,T)": 1.683, "[4T,8T)": 0.070, "[8T,16T)": 0.254, "[16T,32T)": 0.431},
+            "state_passing": {"[0,T)": 1.732, "[4T,8T)": -0.113, "[8T,16T)": -0.079, "[16T,32T)": -0.039}}
+    demo_dir(tmp_path / "d", arch, late)
+    demo_dir(tmp_path / "d", arch, {"base": {"[0,T)": 2.0, "[8T,16T)": -0.013}}, quick=True, run_root="runs/without")
+    assert architectures_table.rows(tmp_path / "d", controls={arch: "runs/without"})[0][8] == (
+        f"fails past 16T (base +0.431 in [16T,32T); +0.254 in [8T,16T), under the +0.3 bar there); fixed: "
+        f"state_passing to 32T; fails only with the setting: without it (runs/without: {setting}) base -0.013 in "
+        "[8T,16T)")
     assert architectures_table.main(["--root", str(tmp_path), "--quick", "no-such-arch"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown architecture or malformed --control / --run ['no-such-arch']")
