@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from recurlen.commands.demo import DemoConfig, demo_architectures, demo_checks
 from recurlen.commands.report import write_report
 from recurlen.models import registry
+from tests.synthetic_results import positionwise_run
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -23,29 +24,13 @@ import architectures_table  # noqa: E402
 SECTION = "## Seven architectures at a glance"
 
 
-def run(label: str, values: dict[str, float], *, T: int = 32, bins: int = 6) -> dict:
-    """A results.json run with bins [0,T) ... ([8T,16T) or [16T,32T)): the [0,T) loss and full - reset past T."""
-    rows, start = [], 0
-    for i in range(bins):
-        end = T if i == 0 else 2 * start
-        name = "[0,T)" if i == 0 else f"[{'' if start == T else start // T}T,{end // T}T)"
-        fmr = values.get(name, 0.0) if i else 0.0
-        loss = values["[0,T)"] + 0.1 * i + fmr
-        rows.append({"name": name, "start": start, "end": end, "kind": "context", "count": 8, "loss": loss,
-                     "ppl": 2.718 ** loss, "reset_loss": loss - fmr, "reset_ppl": 2.718 ** (loss - fmr),
-                     "full_minus_reset": fmr})
-        start = end
-    return {"label": label, "train_len": T, "seq_len": end,
-            "positionwise": {"train_len": T, "seq_len": end, "num_sequences": 8, "bins": rows, "log_bins": []}}
-
-
 def demo_dir(root: Path, arch: str, given: dict[str, dict[str, float]], *, quick: bool = False,
              run_root: str | None = None, model: dict | None = None) -> Path:
     """A demo's run root as `recurlen demo` leaves it: the report's results.json, the pre-training's config.yaml."""
     out = root / (run_root or DemoConfig(arch=arch, quick=quick).run_root)
     (out / "eval").mkdir(parents=True)
-    (out / "eval" / "results.json").write_text(json.dumps(
-        {"format": "recurlen.eval/1", "runs": [run(k, v, bins=5 if quick else 6) for k, v in given.items()]}))
+    runs = [positionwise_run(k, v, bins=5 if quick else 6) for k, v in given.items()]
+    (out / "eval" / "results.json").write_text(json.dumps({"format": "recurlen.eval/1", "runs": runs}))
     write_report([out / "eval"], out_dir=out, checks=demo_checks)
     OmegaConf.save(OmegaConf.create({"arch": arch, "quick": quick, "run_root": str(out)}), out / "demo_config.yaml")
     (out / "pretrain").mkdir()

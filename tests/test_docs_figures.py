@@ -14,6 +14,7 @@ import pytest
 
 from recurlen.commands.demo import demo_checks
 from recurlen.commands.report import write_report
+from tests.synthetic_results import positionwise_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -70,29 +71,13 @@ def test_the_table_of_docs_demo_md_is_read():
     assert all(set(row) == set(docs_figures.BINS) for row in table.values())
 
 
-def run(label: str, values: dict[str, float], T: int = 32) -> dict:
-    """A run entry of results.json with bins [0,T) ... [16T,32T): the loss of [0,T) and full - reset of the rest."""
-    names = ["[0,T)", "[T,2T)", "[2T,4T)", "[4T,8T)", "[8T,16T)", "[16T,32T)"]
-    rows, start = [], 0
-    for i, name in enumerate(names):
-        end = T if i == 0 else 2 * start
-        fmr = values.get(name, 0.0) if i else 0.0
-        loss = values["[0,T)"] + 0.1 * i + fmr
-        rows.append({"name": name, "start": start, "end": end, "kind": "context", "count": 8, "loss": loss,
-                     "ppl": 2.718 ** loss, "reset_loss": loss - fmr, "reset_ppl": 2.718 ** (loss - fmr),
-                     "full_minus_reset": fmr})
-        start = end
-    return {"label": label, "train_len": T, "seq_len": 32 * T,
-            "positionwise": {"train_len": T, "seq_len": 32 * T, "num_sequences": 8, "bins": rows, "log_bins": []}}
-
-
 def test_the_script_records_the_numbers_the_report_printed(tmp_path, capsys):
     demo = tmp_path / "runs" / "demo"
     (demo / "eval").mkdir(parents=True)
     given = {"base": {"[0,T)": 1.6191, "[4T,8T)": 0.3444, "[8T,16T)": 0.9151, "[16T,32T)": 1.7581},
              "state_passing": {"[0,T)": 1.7412, "[4T,8T)": -0.0249, "[8T,16T)": 0.0281, "[16T,32T)": 0.0779}}
     (demo / "eval" / "results.json").write_text(json.dumps(
-        {"format": "recurlen.eval/1", "runs": [run(label, values) for label, values in given.items()]}))
+        {"format": "recurlen.eval/1", "runs": [positionwise_run(label, values) for label, values in given.items()]}))
     write_report([demo / "eval"], out_dir=demo, checks=demo_checks)
     docs = tmp_path / "docs"
     docs.mkdir()
