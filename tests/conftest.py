@@ -188,6 +188,22 @@ def close_scaled():
 
 
 @pytest.fixture(scope="session")
+def step_by_step():
+    """`step_by_step(model, ids, state)` -> (logits (B, L, V), final state): model.step token by token from `state`
+    (None: zeros), without gradients; what a one-call forward is compared with."""
+
+    def run(model, ids, state):
+        outs = []
+        with torch.no_grad():
+            for t in range(ids.shape[1]):
+                logits, state = model.step(ids[:, t], state)
+                outs.append(logits)
+        return torch.stack(outs, dim=1), state
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def split_equals_one_call():
     """The split-invariance check, for any architecture and backend: the LM run by `backend` on `ids` in one call
     and in pieces cut at `cuts` (the state carried between pieces) gives the same logits as that one call and as

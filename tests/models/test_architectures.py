@@ -96,19 +96,16 @@ def test_every_state_part_is_read(make_lm):
             assert change > 1e-2, f"dropping the {part} state changed the logits by only {change:.3g} (relative)"
 
 
-def test_step_equals_forward_token_by_token(make_lm, close_scaled):
+def test_step_equals_forward_token_by_token(make_lm, close_scaled, step_by_step):
     model = make_lm()
     ids, init = ids_of(model, 2, 40, seed=1), random_state(model, 2, seed=2)
     with torch.no_grad():
         _, state = model(ids[:, :7], init)
         full_logits, full_state = model(ids[:, 7:], state)
         hidden, _ = model.forward_hidden(ids[:, 7:], state)
-        outs = []
-        for t in range(7, 40):
-            out, state = model.step(ids[:, t], state)
-            outs.append(out)
+    step_logits, state = step_by_step(model, ids[:, 7:], state)
     close_scaled(model.logits_from_hidden(hidden), full_logits, 0.0, "logits from forward_hidden")
-    close_scaled(torch.stack(outs, 1), full_logits, TOL, "logits, step vs forward")
+    close_scaled(step_logits, full_logits, TOL, "logits, step vs forward")
     for part, t in state.parts().items():
         close_scaled(t, getattr(full_state, part), TOL, f"final {part} state, step vs forward")
 

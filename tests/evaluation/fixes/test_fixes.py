@@ -111,17 +111,15 @@ def test_mamba1_dt_scale_equals_its_exact_rewrite_in_the_weights(nano_model):
 
 
 @pytest.mark.parametrize("arch", SCALING)
-def test_scaled_models_step_as_they_run_a_sequence(nano_model, arch):
+def test_scaled_models_step_as_they_run_a_sequence(nano_model, arch, step_by_step):
     model = nano_model(arch)
     timescales.set_scales(model, "dt", torch.tensor([0.5, 2.0]))
     timescales.set_scales(model, "A", torch.tensor([3.0, 0.7]))
     ids = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         whole, _ = model(ids)
-        state = None
-        for t in range(ids.shape[1]):
-            last, state = model.step(ids[:, t], state)
-    torch.testing.assert_close(last, whole[:, -1], atol=1e-4, rtol=1e-4)
+    stepped, _ = step_by_step(model, ids, None)
+    torch.testing.assert_close(stepped[:, -1], whole[:, -1], atol=1e-4, rtol=1e-4)
 
 
 def test_a_fix_applies_to_the_architectures_the_registry_says_and_refuses_others_by_name(nano_model):

@@ -115,7 +115,7 @@ def test_lm_equals_float64_per_token_reference(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_split_and_step_equal_one_call(variant, split_equals_one_call, close_scaled):
+def test_split_and_step_equal_one_call(variant, split_equals_one_call, close_scaled, step_by_step):
     model = sharpened(nano(**VARIANTS[variant]))
     ids = torch.randint(0, 257, (2, 41), generator=torch.Generator().manual_seed(3))
     start = random_state(model, 2, seed=5)
@@ -124,11 +124,8 @@ def test_split_and_step_equal_one_call(variant, split_equals_one_call, close_sca
                           backend="torch")
     with torch.no_grad():
         ref_logits, ref_state = model(ids, start)
-        state, steps = start, []
-        for t in range(ids.shape[1]):
-            logits, state = model.step(ids[:, t], state)
-            steps.append(logits)
-    close_scaled(torch.stack(steps, dim=1), ref_logits, 1e-5, "logits, step by step vs one call")
+    logits, state = step_by_step(model, ids, start)
+    close_scaled(logits, ref_logits, 1e-5, "logits, step by step vs one call")
     close_scaled(state.kv, ref_state.kv, 1e-5, "final kv state, step by step vs one call")
     # later layers' windows hold inputs that carry the earlier layers' float32 rounding
     close_scaled(state.conv, ref_state.conv, 1e-5, "final conv state, step by step vs one call")

@@ -113,17 +113,14 @@ def test_split_with_the_state_carried_equals_one_call(split_equals_one_call):
                           part_tols={"wkv": 1e-5, "att_shift": 1e-6, "ffn_shift": 1e-6}, recurrent="wkv")
 
 
-def test_step_equals_forward(close_scaled):
+def test_step_equals_forward(close_scaled, step_by_step):
     model = randomised()
     ids = torch.randint(0, 257, (2, 21), generator=torch.Generator().manual_seed(5))
     init = random_state(model, 2)
     with torch.no_grad():
         logits, final = model(ids, init)
-    state, steps = init, []
-    for t in range(ids.shape[1]):
-        step_logits, state = model.step(ids[:, t], state)
-        steps.append(step_logits)
-    close_scaled(torch.stack(steps, dim=1), logits, 1e-5, "logits, step vs forward")
+    step_logits, state = step_by_step(model, ids, init)
+    close_scaled(step_logits, logits, 1e-5, "logits, step vs forward")
     for name in ("wkv", "att_shift", "ffn_shift"):
         close_scaled(getattr(state, name), getattr(final, name), 1e-5, f"final {name}, step vs forward")
 
@@ -195,7 +192,7 @@ def test_decay_offset_range_sets_the_starting_memories():
 CLAMP = -0.05
 
 
-def test_log_decay_min_off_is_the_unclamped_model_and_on_bounds_every_decay():
+def test_log_decay_min_off_is_the_unclamped_model_and_on_bounds_every_decay(step_by_step):
     """The model organism's clamp: off (the default) the decays are RWKV-7's own; on, log w = max(log w, clamp) on
     the chunked path and in step(); outside RWKV-7's range it is refused."""
     free, clamped = randomised(), randomised(log_decay_min=CLAMP)
@@ -210,13 +207,10 @@ def test_log_decay_min_off_is_the_unclamped_model_and_on_bounds_every_decay():
     assert torch.equal(log_w, log_w_free.clamp(min=CLAMP)) and float(log_w.min()) == pytest.approx(CLAMP)
     ids = torch.randint(0, 257, (2, 21), generator=torch.Generator().manual_seed(5))
     init = random_state(clamped, 2)
+    step_logits, _ = step_by_step(clamped, ids, init)
     with torch.no_grad():
         logits, _ = clamped(ids, init)
-        state, steps = init, []
-        for t in range(ids.shape[1]):
-            step_logits, state = clamped.step(ids[:, t], state)
-            steps.append(step_logits)
-        assert float((torch.stack(steps, 1) - logits).abs().max() / logits.abs().max()) < 1e-5
+        assert float((step_logits - logits).abs().max() / logits.abs().max()) < 1e-5
         assert float((free(ids, init)[0] - logits).abs().max() / logits.abs().max()) > 1e-3  # the clamp changes it
     for bad in (0.0, -0.7):
         with pytest.raises(ValueError, match="log_decay_min must be null or in"):
