@@ -4,7 +4,7 @@ evaluates the model (`recurlen passkey | babilong | copying` compose them with T
     task.name=passkey    passkey retrieval (Mohtashami & Jaggi, 2023)
     task.name=babilong   BABILong (Kuratov et al., 2024): bAbI facts hidden in long haystack text
     task.name=copying    synthetic copying (Jelassi et al., 2024, "Repeat After Me")
-    task.name=niah       needle in a haystack, RULER's family (Hsieh et al., 2024)
+    task.name=niah       needle in a haystack: recurlen's tasks after RULER's (Hsieh et al., 2024)
 
 Training examples are `data.seq_len` tokens long (the training context), `data.batch_size` per rank, and are
 tokenized with `data.tokenizer`; this section holds only what is specific to the tasks.
