@@ -6,11 +6,13 @@
 The loss is the one the fixes are judged by: next-token NLL over whole held-out sequences of the target length,
 run in chunks with the state carried (memory independent of the length), from a zero initial state.
 
-SPSA follows MambaExtend's calibration (Azizi et al., ICLR 2025): each step perturbs every scale at once by +-c_k
-(a random sign per scale), estimates the gradient from the two losses, steps against it, and keeps the best of the
-stepped point and the two perturbed ones (the paper's guard: a step never leaves a worse point than it measured).
-Here the scales are searched in log space (s = exp(theta)), so that +-c is a relative change of every scale alike
-and no scale reaches zero; c_k and the step size decay as the paper's do.
+SPSA has the form of MambaExtend's calibration (Azizi et al., ICLR 2025): each step perturbs every scale at once by
++-c_k (a random sign per scale), estimates the gradient from the two losses and steps against it; c_k = c_0 /
+(1 + k)^0.1 as there. The rest is recurlen's: the scales are searched in log space (s = exp(theta)), so that +-c is
+a relative change of every scale alike and no scale reaches zero; the step size decays as a cosine to ~0 at the last
+step (MambaExtend's cosine ends at 0.71 of its start); and the search keeps the lowest loss measured so far, among the
+start and every stepped and perturbed point (MambaExtend moves to the stepped point unless a perturbed one measured
+lower). docs/evaluation.md lists every difference from MambaExtend's code.
 """
 
 from __future__ import annotations

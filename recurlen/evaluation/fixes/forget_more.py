@@ -1,13 +1,14 @@
-"""Stuffed Mamba's "forget more" (Chen et al., COLM 2025; thunlp/stuffed-mamba), as a cap on every state entry's
-memory.
+"""recurlen's memory cap (`forget_more`): every state entry's memory at zero input bounded by `memory` x T.
 
-Stuffed Mamba finds that a model trained on contexts shorter than its state can hold never learns to forget: past
-the training length its state overflows ("state collapse"), and making the model forget more, training-free,
-brings the loss back. Its code does not include the mitigations; recurlen's version is: every state entry whose
-memory at zero input, 1 / (dt(0) |A|) tokens, is longer than `memory` x T (T the training context) gets its A
-scaled so that it is exactly that; faster entries are untouched. The change is folded into A_log, so checkpoints
-and exports keep it. `memory` is chosen from a grid by the calibration loss on held-out sequences of the target
-length (one number calibrated), or given.
+The design is recurlen's own; the motivation is Stuffed Mamba's (Chen et al., COLM 2025; thunlp/stuffed-mamba): a
+model trained on contexts shorter than its state can hold never learns to forget, so past the training length its
+state overflows ("state collapse"), and making the model forget more brings the loss back. What Stuffed Mamba's code
+has for that is different: global multipliers, one number for every layer, of dt, of the per-token decay, of B and of
+A (set_dt_mult, set_da_mult, set_b_mult, set_a_mult in its Mamba-2 analysis model), which recurlen does not
+implement. recurlen's cap: every state entry whose memory at zero input, 1 / (dt(0) |A|) tokens, is longer than
+`memory` x T (T the training context) gets its A scaled so that it is exactly that; faster entries are untouched. The
+change is folded into A_log, so checkpoints and exports keep it. `memory` is chosen from a grid by the calibration
+loss on held-out sequences of the target length (one number calibrated), or given.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def cap_memory(model: torch.nn.Module, originals: list[torch.Tensor], memory_tok
 
 class ForgetMore(Fix):
     name = "forget_more"
-    paper = ("Stuffed Mamba (Chen et al., COLM 2025; thunlp/stuffed-mamba): forget more, as a cap on the slow "
-             "entries' memory")
+    paper = ("recurlen's own cap on the slow entries' memory, motivated by Stuffed Mamba (Chen et al., COLM 2025; "
+             "thunlp/stuffed-mamba): models trained short never learn to forget")
     needs = ("A_log",)
     config_cls = ForgetMoreConfig
 

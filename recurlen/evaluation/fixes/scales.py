@@ -2,13 +2,18 @@
 
 MambaExtend (Azizi et al., ICLR 2025; code ArminAzizi98/LongContextMamba) multiplies each layer's discretisation
 step dt = softplus(.) by a scalar s_l and calibrates the scales on a few sequences of the target length, every
-weight frozen. Since dt enters both the decay exp(dt A) and the input dt B x, a scale moves both. Spectrum
-scaling ("Mamba Modulation", Lu et al., arXiv 2509.19633) scales each layer's A instead, which moves the decay
-(the spectrum of the transition) alone, and is calibrated the same way here.
+weight frozen. Since dt enters both the decay exp(dt A) and the input dt B x, a scale moves both; on Mamba-3 dt also
+drives the rotation of B and C (the angle advances by pi tanh(.) dt per token, recurlen.models.mamba3.scan), so a dt
+scale speeds the rotation as well. Spectrum scaling ("Mamba Modulation", Lu et al., arXiv 2509.19633) scales each
+layer's A instead, which moves the decay (the spectrum of the transition) alone, on Mamba-3 too, and is calibrated
+the same way here.
 
-What differs from the papers' code: the scales start at 1 (the model as trained; MambaExtend starts from random
-values in [0.75, 1]) and are searched in log space; the loss is recurlen's calibration NLL (nats) rather than
-perplexity; and an A scale is folded into A_log after calibration (A_log + log s), so a saved or exported model
+What differs from MambaExtend's code (its perplexity_eval/eval.py; docs/evaluation.md has the table): the scales
+start at 1 (the model as trained; MambaExtend starts from random values in [0.75, 1]) and are searched in log space,
+bounded to [0.01, 100] (MambaExtend: the scales themselves, a floor of 0.01); the loss is recurlen's calibration NLL
+(nats) rather than perplexity; the defaults are 4 calibration sequences and 20 SPSA steps of 0.5 in log-scale units
+decaying to ~0 (MambaExtend: 20 sequences, 50 iterations, a step of 1e-3 on perplexity whose cosine ends at 0.71 of
+its start); and an A scale is folded into A_log after calibration (A_log + log s), so a saved or exported model
 keeps it. A dt scale has no exact place in the weights (softplus(x + b) s is no softplus of an affine map of x): it
 stays on the loaded model (recurlen.models.timescales), which the evaluation and tasks use; writing such a model's
 weights (save_pretrained, `recurlen export`) is refused in one line instead of dropping the scale.

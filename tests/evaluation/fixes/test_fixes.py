@@ -110,6 +110,29 @@ def test_mamba1_dt_scale_equals_its_exact_rewrite_in_the_weights(nano_model):
         torch.testing.assert_close(model(ids)[0], rewritten(ids)[0], atol=5e-5, rtol=1e-4)
 
 
+def test_on_mamba3_a_dt_scale_speeds_the_rotation_and_an_A_scale_leaves_it(nano_model):
+    """Mamba-3's angle advances by pi tanh(.) dt per token, so a dt scale s turns B and C s times as far (checked on
+    the first layer, whose input no scale changes; s an integer, so s x (angle mod 2 pi) is s x angle mod 2 pi); an
+    A scale moves the decay alone and leaves the angle bit for bit."""
+    model = nano_model("mamba3")
+    layers = len(timescales.mixers(model))
+    ids = torch.randint(0, 200, (2, 40), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        _, plain = model(ids)
+        timescales.set_scales(model, "A", torch.full((layers,), 3.0))
+        _, a_scaled = model(ids)
+        timescales.set_scales(model, "A", None)
+        timescales.set_scales(model, "dt", torch.full((layers,), 3.0))
+        _, dt_scaled = model(ids)
+    theta = plain.angle[0].double()
+    assert theta.abs().max() > 0.1  # the rotation is not vacuous
+    assert torch.equal(a_scaled.angle[0], plain.angle[0])
+    turned = dt_scaled.angle[0].double()
+    for f in (torch.cos, torch.sin):  # equal as angles (mod 2 pi)
+        torch.testing.assert_close(f(turned), f(3 * theta), atol=1e-4, rtol=0)
+    assert (f(turned) - f(theta)).abs().max() > 0.1
+
+
 @pytest.mark.parametrize("arch", SCALING)
 def test_scaled_models_step_as_they_run_a_sequence(nano_model, arch, step_by_step):
     model = nano_model(arch)
