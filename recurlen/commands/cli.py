@@ -467,7 +467,8 @@ COMMANDS: dict[str, Command] = {
                         _experiment_help("babilong", "babilong")),
     "copying": Command(_task("copying"), "synthetic copying: copy a string after training on shorter ones",
                        _experiment_help("copying", "copying")),
-    "niah": Command(_task("niah"), "needle in a haystack (RULER's family): values hidden at depths of long prompts",
+    "niah": Command(_task("niah"), "needle in a haystack (recurlen's tasks after RULER's): values hidden at depths of "
+                    "long prompts",
                     _experiment_help("niah", "niah")),
 }
 

@@ -1,4 +1,5 @@
-"""Needle in a haystack, RULER's family (Hsieh et al., 2024), generated offline and exact in the model's tokens.
+"""Needle in a haystack: recurlen's six tasks after RULER's (Hsieh et al., 2024), generated offline and exact in the
+model's tokens.
 
 A needle is one sentence that ties a value to a key ("One secret number for quiet-harbor is 4821930."). A task
 hides needles in L tokens of haystack and asks for the value(s) of some key(s):
@@ -8,6 +9,13 @@ hides needles in L tokens of haystack and asks for the value(s) of some key(s):
     multivalue    num_values needles of the same key; every value must be recalled (partial credit per value)
     multiquery    num_keys needles of different keys; num_queries of them are asked for at once
 
+RULER has eight NIAH configurations (single 1/2/3, multi-key 1/2/3, multi-value, multi-query) over essay,
+repeated-sentence and needle haystacks; these six are recurlen's. single_number, single_uuid, multikey, multivalue and
+multiquery have the shapes of RULER's niah_single_1/2, niah_single_3, niah_multikey_1, niah_multivalue and
+niah_multiquery; single_word (a word-pair value) is not RULER's, and RULER's niah_multikey_2/3 (a haystack made of
+needles, UUID keys in _3) have no task here. The haystack is one setting for every task (niah_config), the needle and
+question are recurlen's wording, and the needles and the scorer below differ from RULER's as stated there.
+
 The prompt is assembled from separately tokenized pieces, so every length is exact (the haystack is cut at a
 token boundary):
 
@@ -15,9 +23,10 @@ token boundary):
 
 with the distractor needles (multikey, multiquery's unasked keys) inserted at uniform random haystack positions.
 The asked-for needles form one block whose start has `before = round(depth * n_hay)` haystack tokens in front of
-it: depth 0 / 1 puts it right after the intro / right before the question. A value counts as recalled when the
-generated text holds it exactly (a whole number, word pair or UUID, not a part of a longer one); a prompt scores
-the fraction of its values recalled (RULER's string_match_all), so single-value tasks score 0 or 1.
+it: depth 0 / 1 puts it right after the intro / right before the question (RULER scatters each needle at a random
+depth). A value counts as recalled when the generated text holds it whole (a whole number, word pair or UUID, not a
+part of a longer one; word pairs and UUIDs in any case), where RULER's string_match_all takes any case-insensitive
+substring; a prompt scores the fraction of its values recalled, as RULER's does, so single-value tasks score 0 or 1.
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ class NiahSpec:
 
 
 def task_specs(cfg: NiahConfig) -> dict[str, NiahSpec]:
-    """Every task of the family with cfg's counts (RULER's defaults: 4 keys, 4 values, 4 queries)."""
+    """Every task with cfg's counts (RULER's counts by default: 4 keys, 4 values, 4 queries)."""
     specs = {"single_number": NiahSpec("number"), "single_word": NiahSpec("word"), "single_uuid": NiahSpec("uuid"),
              "multikey": NiahSpec("number", keys=cfg.num_keys),
              "multivalue": NiahSpec("number", values=cfg.num_values),
@@ -84,7 +93,8 @@ class Haystack(Protocol):
 
 
 class FillerHaystack:
-    """The passkey filler sentences repeated (RULER's noise haystack), tokenized as one text."""
+    """The passkey filler sentences repeated (RULER's repeated-sentence 'noise' haystack, joined by spaces where RULER
+    joins with newlines), tokenized as one text."""
 
     kind = "filler"
 

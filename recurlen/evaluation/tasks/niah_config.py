@@ -1,7 +1,8 @@
 """The `task.niah` section: which needle-in-a-haystack tasks run, where the needles sit, what they hide in.
 
-The tasks follow the needle-in-a-haystack family of RULER (Hsieh et al., 2024, "RULER: What's the Real Context
-Size of Your Long-Context Language Models?"); recurlen generates them offline (recurlen.evaluation.tasks.niah).
+The tasks are recurlen's own, modelled on RULER's NIAH configurations (Hsieh et al., 2024, "RULER: What's the Real
+Context Size of Your Long-Context Language Models?"); recurlen generates them offline (recurlen.evaluation.tasks.niah,
+whose docstring says how each differs from RULER's).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ class NiahConfig:
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     """Where the asked-for needles sit: the fraction of the haystack's tokens before them (0 = first, 1 = last)."""
     haystack: str = "filler"
-    """'filler' (the passkey sentences repeated, RULER's noise haystack), 'embedded' (windows of the Python standard
-    library's sources) or 'heldout' (the evaluated run's own held-out text, its data config's validation split;
-    fine-tuning examples then hide in 'embedded' windows: held-out text is never trained on)."""
+    """'filler' (the passkey sentences repeated, RULER's repeated-sentence haystack), 'embedded' (windows of the Python
+    standard library's sources, where RULER uses essays) or 'heldout' (the evaluated run's own held-out text, its data
+    config's validation split; fine-tuning examples then hide in 'embedded' windows: held-out text is never trained
+    on). One haystack for every task: RULER's needle haystack (multikey_2/3) has no counterpart."""
     num_keys: int = 4
     """multikey and multiquery: keys with a needle in the prompt (multikey asks for one, multiquery for num_queries)."""
     num_values: int = 4

@@ -121,8 +121,8 @@ def niah_lines(results: Sequence[dict], label) -> list[str]:
     """The report's section: per evaluated model (named by `label(result)`, so a fix is one more name), the accuracy
     per task by length (mean over depths), then the mean over tasks by depth and length."""
     lines = ["### Needle in a haystack", "",
-             "RULER's needle-in-a-haystack family, generated offline: the fraction of the asked-for values recalled "
-             "exactly (greedy decoding with the state carried), by prompt length in tokens.", ""]
+             "recurlen's needle-in-a-haystack tasks (after RULER's), generated offline: the fraction of the asked-for "
+             "values recalled whole (greedy decoding with the state carried), by prompt length in tokens.", ""]
     for r in results:
         lengths = r["lengths"]
         head = [length_label(n) for n in lengths]

@@ -1,4 +1,5 @@
-"""Needle in a haystack (RULER's family): needle placement in tokens, the exact scorer, determinism, a tiny run."""
+"""Needle in a haystack (recurlen's tasks after RULER's): needle placement in tokens, the exact scorer, determinism,
+a tiny run."""
 
 import json
 
