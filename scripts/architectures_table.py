@@ -34,8 +34,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from recurlen.commands.demo import IN_CONTEXT_REL_TOL, DemoConfig, demo_architectures
-from recurlen.commands.report import FAILS_MARGIN, GENERALIZES_TOL, shown
+from recurlen.commands.demo import DemoConfig, demo_architectures
+from recurlen.evaluation.evidence import FAILS_MARGIN, GENERALIZES_TOL, IN_CONTEXT_REL_TOL, shown
 from recurlen.models import registry
 from recurlen.util.errors import UserError
 

@@ -19,3 +19,27 @@ def positionwise_run(label: str, values: dict[str, float], *, T: int = 32, bins:
         start = end
     return {"label": label, "train_len": T, "seq_len": end,
             "positionwise": {"train_len": T, "seq_len": end, "num_sequences": 8, "bins": rows, "log_bins": []}}
+
+
+def with_sequences(run: dict, diffs: dict[str, list[float]], *, context: list[float] | None = None,
+                   digest: str = "same", seed: int = 0) -> dict:
+    """The run with per-sequence scores, as `recurlen eval` keeps them: `diffs` gives each sequence's full - reset
+    by bin name (0 where not given), `context` each sequence's [0,T) loss (the run's [0,T) loss for all where not
+    given). The bins' means, losses and intervals are recomputed from them by the evaluation's own code."""
+    import numpy as np
+
+    from recurlen.diagnostics.positionwise import per_sequence_section
+
+    pw = run["positionwise"]
+    rows = pw["bins"]
+    n = len(next(iter(diffs.values()))) if diffs else len(context or [])
+    reset_NK = np.array([[r["reset_loss"]] * n for r in rows]).T
+    diff_NK = np.array([diffs.get(r["name"], [0.0] * n) for r in rows]).T
+    if context is not None:
+        reset_NK[:, 0] = context
+    loss_NK = reset_NK + diff_NK
+    for k, row in enumerate(rows):
+        row.update(loss=float(loss_NK[:, k].mean()), reset_loss=float(reset_NK[:, k].mean()),
+                   full_minus_reset=float(diff_NK[:, k].mean()))
+    pw.update(num_sequences=n, **per_sequence_section(rows, loss_NK, reset_NK, digest=digest, seed=seed))
+    return run

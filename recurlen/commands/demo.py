@@ -36,13 +36,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from recurlen.commands.demo_markers import DONE_MARKER, marker_matches, stage_done, stage_inputs
 from recurlen.commands.demo_progress import REFERENCE, DemoProgress
-from recurlen.commands.report import (
+from recurlen.commands.report import base_run, threshold_check, write_report
+from recurlen.evaluation.evidence import (
     FAILS_MARGIN,
     GENERALIZES_TOL,
+    IN_CONTEXT_REL_TOL,
+    all_bins_check,
     bins_of,
-    in_context_loss,
-    threshold_check,
-    write_report,
+    in_context_cost,
+    num_sequences,
 )
 from recurlen.models import registry
 from recurlen.training.experiments.compose import experiments_dir
@@ -555,60 +557,55 @@ def _evaluate(cfg: DemoConfig, root: Path, base: Path, sequences, *, threads: in
     run_eval(ecfg, sequences)
 
 
-IN_CONTEXT_REL_TOL = 0.08
-"""A fix must keep the [0,T) loss within 8% of the baseline's."""
-BASE_LABELS = ("base", "baseline")
-
-
 def demo_checks(runs: Sequence[dict]) -> list[dict]:
     """The demo's acceptance checks, where the runs have the demo's labels (base, none, state_passing, tbptt): the
     base fails in [8T,16T); state passing and TBTT fix it up to 16T, hold past 16T where the evaluation reaches
-    (the full demo: [16T,32T)) and keep the in-context loss; plain fine-tuning does not fix it."""
+    (the full demo: [16T,32T)) and keep the in-context loss; plain fine-tuning does not fix it. Each check reads
+    its 95% interval (recurlen.evaluation.evidence): PASS, MISS or UNDECIDED at the evaluation's sequences."""
     by_label = {r["label"]: r for r in runs}
-    base = next((by_label[b] for b in BASE_LABELS if b in by_label), None)
+    base = base_run(runs)
     if base is None:
         return []
     T = base["train_len"]
+    n = num_sequences(base)
     checks = []
 
-    def bin_value(run, name, key="full_minus_reset"):
-        row = next((r for r in bins_of(run) if r["name"] == name), None)
-        return None if row is None else row.get(key)
+    def bin_row(run, name):
+        return next((r for r in bins_of(run) if r["name"] == name and r.get("full_minus_reset") is not None), None)
 
-    # "Fails" is the report's verdict's threshold (FAILS_MARGIN, on the value as shown): a run whose verdict reads
-    # "mostly holds" (between GENERALIZES_TOL and FAILS_MARGIN) does not pass a check that says it fails.
+    # "Fails" is the report's verdict's threshold (FAILS_MARGIN): a run whose verdict reads "mostly holds" (between
+    # GENERALIZES_TOL and FAILS_MARGIN) does not pass a check that says it fails.
     fails = f"full - reset >= {FAILS_MARGIN:+g} in [8T,16T)"
-    b816 = bin_value(base, "[8T,16T)")
-    if b816 is not None:
-        checks.append(threshold_check(f"baseline fails: {fails}", b816, ">=", FAILS_MARGIN))
-    base_ctx = in_context_loss(base)
+    row = bin_row(base, "[8T,16T)")
+    if row is not None:
+        checks.append(threshold_check(f"baseline fails: {fails}", row["full_minus_reset"], ">=", FAILS_MARGIN,
+                                      interval=row.get("full_minus_reset_ci"), n=n))
     for name in ("state_passing", "tbptt"):
         run = by_label.get(name)
         if run is None:
             continue
         rows = [r for r in bins_of(run)
                 if r["start"] >= T and r["end"] <= 16 * T and r.get("full_minus_reset") is not None]
-        worst = max((r["full_minus_reset"] for r in rows), default=None)
         # Named after the bins that were evaluated: a shorter evaluation must not claim 16T.
         reach = -(-max((r["end"] for r in rows), default=16 * T) // T)  # ceil: the last bin may end at L - 1
-        checks.append({"check": f"{name} fixes it: full - reset <= +{GENERALIZES_TOL} in every bin up to {reach}T",
-                       "value": worst, "passed": worst is not None and worst <= GENERALIZES_TOL})
+        checks.append(all_bins_check(f"{name} fixes it: full - reset <= +{GENERALIZES_TOL} in every bin up to "
+                                     f"{reach}T", rows, "<=", GENERALIZES_TOL, n=n))
         # Past 16T (the full demo evaluates to 32T): a check of its own, so the report says where a fix stops.
         far = [r for r in bins_of(run) if r["start"] >= 16 * T and r.get("full_minus_reset") is not None]
         if far:
-            worst_far = max(r["full_minus_reset"] for r in far)
             end = -(-max(r["end"] for r in far) // T)
-            checks.append({"check": f"{name} holds past 16T: full - reset <= +{GENERALIZES_TOL} in [16T,{end}T)",
-                           "value": worst_far, "passed": worst_far <= GENERALIZES_TOL})
-        ctx = in_context_loss(run)
-        if ctx is not None and base_ctx:
-            rel = ctx / base_ctx - 1.0
-            checks.append({"check": f"{name} keeps the [0,T) loss within 8% of the baseline's", "value": rel,
-                           "passed": abs(rel) <= IN_CONTEXT_REL_TOL})
+            checks.append(all_bins_check(f"{name} holds past 16T: full - reset <= +{GENERALIZES_TOL} in [16T,{end}T)",
+                                         far, "<=", GENERALIZES_TOL, n=n))
+        cost = in_context_cost(run, base)
+        if cost is not None:
+            checks.append(threshold_check(f"{name} keeps the [0,T) loss within {IN_CONTEXT_REL_TOL:.0%} of the "
+                                          "baseline's", cost.value, "abs<=", IN_CONTEXT_REL_TOL,
+                                          interval=cost.interval, n=cost.n))
     if "none" in by_label:
-        v = bin_value(by_label["none"], "[8T,16T)")
-        if v is not None:
-            checks.append(threshold_check(f"plain fine-tuning (none) still fails: {fails}", v, ">=", FAILS_MARGIN))
+        row = bin_row(by_label["none"], "[8T,16T)")
+        if row is not None:
+            checks.append(threshold_check(f"plain fine-tuning (none) still fails: {fails}", row["full_minus_reset"],
+                                          ">=", FAILS_MARGIN, interval=row.get("full_minus_reset_ci"), n=n))
     return checks
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from recurlen.commands.preflight import looks_like_hub_id
-from recurlen.commands.report import bins_of, read_results, run_verdict
+from recurlen.commands.report import read_results, run_verdict
 from recurlen.diagnostics.plots import PLOT_NAMES, RESULTS_NAME, write_plots
+from recurlen.evaluation.evidence import bins_of
 from recurlen.evaluation.tasks.report import is_task_result, task_sections
 from recurlen.models import table
 from recurlen.training.run_dir import ARCHIVE_DIR, RunDir, checkpoint_step, run_config, run_dir_of
@@ -226,7 +227,7 @@ def _front_matter(*, base_model: str | None, library: str, arch: str, interventi
     return lines + ["---", ""]
 
 
-def _evidence_lines(ev: Evidence, out: Path, source: str) -> list[str]:
+def _evidence_lines(ev: Evidence, out: Path, source: str, *, tensorboard: bool) -> list[str]:
     e = ev.entry
     pw = e.get("positionwise") or {}
     T, L = e.get("train_len"), e.get("seq_len")
@@ -259,16 +260,18 @@ def _evidence_lines(ev: Evidence, out: Path, source: str) -> list[str]:
                   "how much the prediction at N still depends on the first t tokens (near 0: they barely matter):",
                   "", "| t | " + " | ".join(str(t) for t in eff["t"]) + " |", "|---" * (len(eff["t"]) + 1) + "|",
                   "| EffRem | " + " | ".join(_f(v, ".3f") for v in eff["effrem"]) + " |", ""]
-    plots = write_plots(ev.runs, out)
+    plots = write_plots(ev.runs, out, tensorboard=tensorboard)
     lines += [f"![{kind}]({PLOT_NAMES[kind]})" for kind in plots] + [""]
     return lines
 
 
 def write_card(out: Path, *, source: str, loaded: Any, arch: Any, format_name: str, library: str, loading: str,
                weights: str, dtype: str, tokenizer_note: str, evidence: Evidence | None, eval_path: str | None,
-               export_words: list[str]) -> Path:
+               export_words: list[str], tensorboard: bool = False, progress: Any = None) -> Path:
     """README.md in `out`, from the exported checkpoint, its run (where it is one) and its evaluation (`evidence`,
-    find_evidence's; task results are looked up under the run and in eval_path)."""
+    find_evidence's; task results are looked up under the run and in eval_path). tensorboard: also write the
+    comparison's TensorBoard run next to the plots; progress: the checkpoint's step against the run's max_steps
+    (recurlen.commands.export.TrainingProgress), said where the card gives the steps and the commands."""
     run = run_dir_of(source)
     cfg = run_config(source) if run is not None or str(source).endswith(".ckpt") else None
     intervention = (cfg or {}).get("intervention") or {}
@@ -291,22 +294,22 @@ def write_card(out: Path, *, source: str, loaded: Any, arch: Any, format_name: s
               "recurlen loads this directory wherever it takes a checkpoint: `recurlen eval DIR`, "
               "`recurlen finetune model.pretrained=DIR`.", ""]
     if cfg is not None:
-        lines += _training_lines(cfg, run, loaded.source, history.lines)
+        lines += _training_lines(cfg, run, loaded.source, history.lines, progress)
     if evidence is not None:
-        lines += _evidence_lines(evidence, out, str(loaded.source))
+        lines += _evidence_lines(evidence, out, str(loaded.source), tensorboard=tensorboard)
     else:
         lines += ["## Evidence: length generalization", "",
                   "No evaluation of this checkpoint was found" + (f" under `{shown(run.path)}`" if run else "") +
                   ": none is claimed. Measure it with `recurlen eval RUN --out DIR` and export again with "
                   "`--eval DIR`.", ""]
     lines += task_sections(tasks, out)
-    lines += _reproduce_lines(history, evidence, export_words)
+    lines += _reproduce_lines(history, evidence, export_words, progress)
     lines += ["## Sharing", "", "recurlen never uploads. To put this directory on the Hugging Face Hub:", "",
               "```bash", "huggingface-cli upload YOUR_NAME/MODEL_NAME DIR", "```", ""]
     return write_text(out / CARD_NAME, "\n".join(lines))
 
 
-def _training_lines(cfg: dict, run: RunDir | None, checkpoint: str, lineage: list[str]) -> list[str]:
+def _training_lines(cfg: dict, run: RunDir | None, checkpoint: str, lineage: list[str], progress: Any) -> list[str]:
     """Where the run started, its steps and tokens (as the checkpoint holds them), its data, its intervention."""
     step = checkpoint_step(checkpoint) if str(checkpoint).endswith(".ckpt") else None
     t, d, intervention = cfg.get("trainer") or {}, cfg.get("data") or {}, cfg.get("intervention") or {}
@@ -316,7 +319,7 @@ def _training_lines(cfg: dict, run: RunDir | None, checkpoint: str, lineage: lis
     lines = ["## Training", "", f"- started from: {' <- '.join(lineage)}",
              f"- {step if step is not None else '?'} optimizer steps of {per_step:,} tokens ({d.get('batch_size')} "
              f"lanes x {d.get('seq_len')} tokens x {accumulate} accumulated x {world} rank{'s' if world > 1 else ''})"
-             f"{total}",
+             f"{total}" + (f" ({progress.describe()})" if progress is not None and progress.partial else ""),
              f"- data: {d.get('source')} (tokenizer {d.get('tokenizer')}), learning rate "
              f"{(cfg.get('optim') or {}).get('lr')}", "",
              f"Intervention **{intervention.get('name')}** with its settings:", "", "| setting | value |", "|---|---|"]
@@ -330,14 +333,20 @@ def _world_size(run: RunDir | None) -> int:
     return 1
 
 
-def _reproduce_lines(history: Lineage, evidence: Evidence | None, export_words: list[str]) -> list[str]:
-    """The trainings (the runs it started from first), the evaluation and the export, as commands."""
+def _reproduce_lines(history: Lineage, evidence: Evidence | None, export_words: list[str],
+                     progress: Any = None) -> list[str]:
+    """The trainings (the runs it started from first), the evaluation and the export, as commands; where the
+    exported checkpoint is not the run's last step, a comment after the run's command says which step it is."""
     commands = []
     for cfg, run in reversed(history.runs):
         paths = {"run_dir": shown(run.path if run else cfg.get("run_dir"))}
         if cfg["model"].get("pretrained"):
             paths["model.pretrained"] = shown(cfg["model"]["pretrained"])
         commands.append(" ".join(["recurlen finetune", *finetune_words(cfg, paths=paths)]))
+    if progress is not None and progress.partial and history.runs:
+        why = "the run was still training when it was exported" if progress.live else "the run stopped there"
+        commands.append(f"# the exported checkpoint is step {progress.step} of the {progress.max_steps} steps the "
+                        f"command above trains ({why})")
     if evidence is not None:
         commands.append(" ".join(["recurlen eval", *eval_words(evidence)]))
     commands.append(" ".join(["recurlen export", *_shown_export_words(export_words)]))

@@ -10,12 +10,13 @@ results (passkey, BABILong, copying) get their own section (recurlen.evaluation.
 Verdicts first check that a run uses its context at all: its loss in [T,2T) must be clearly (10%) below
 the unigram loss of the same held-out tokens, the best any model that ignores context can do; otherwise
 the verdict is "does not use context". Then they read the paired control: full - reset per position bin,
-where "reset" scores the same tokens with the state zeroed every T tokens. It removes the bin-to-bin
-differences of content, so:
-  full - reset <= tolerance in every bin   -> the run length-generalizes there
-  full - reset >= fail_margin in a bin     -> longer context hurts: it fails to length-generalize
-Verdicts and checks compare the value as the report shows it (3 decimals): +0.0504 is shown as +0.050 and
-passes "<= +0.05", rather than a row that reads "+0.050 | MISS".
+where "reset" scores the same tokens with the state zeroed every T tokens, each with its 95% paired-bootstrap
+interval over the held-out sequences (recurlen.evaluation.evidence):
+  upper ends <= tolerance in every bin    -> the run length-generalizes there
+  lower end >= fail_margin in a bin       -> longer context hurts: it fails to length-generalize
+  an interval across a bar the verdict turns on -> undecided at n sequences (and about how many would decide it)
+The checks and the in-context cost (the [0,T) loss against the base's, against the 8% bar) read their intervals
+the same way: PASS, MISS or UNDECIDED. Bars compare the interval's ends as the report shows them (3 decimals).
 
 With several runs the report opens with the comparison figure (recurlen.diagnostics.compare): full - reset and
 loss of every run against position in units of T on shared axes, also a TensorBoard run <out>/compare.
@@ -24,136 +25,98 @@ loss of every run against position in units of T on shared axes, also a TensorBo
 from __future__ import annotations
 
 import json
-import operator
 import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from recurlen.diagnostics.compare import FLAT_TOL
 from recurlen.diagnostics.plots import PLOT_NAMES, results_file, write_plots
+from recurlen.evaluation.evidence import (
+    GENERALIZES_TOL,
+    IN_CONTEXT_REL_TOL,
+    bins_of,
+    fmt_interval,
+    in_context_cost,
+    interval_check,
+    run_verdict,
+)
 from recurlen.evaluation.fixes.report import fixes_section, fixes_task_lines
 from recurlen.evaluation.steps_curve import STEPS_PNG, plot_steps_curve, steps_curves, steps_lines
 from recurlen.evaluation.tasks.report import check_task_result, is_task_result, strip_private, task_sections
 from recurlen.util.atomic_files import save_figure, write_json, write_text
 from recurlen.util.errors import UserError
 
-GENERALIZES_TOL = FLAT_TOL
-"""full - reset at most this (nats) counts as no harm from the longer context."""
-FAILS_MARGIN = 0.3
-"""full - reset at least this (nats, as shown) counts as a clear failure: the verdict's FAILS and every check that
-says a run fails (the demo's)."""
-USES_CONTEXT_REL = 0.1
-"""A run uses its context if its loss in [T,2T) is at least this fraction below the unigram loss."""
-
-
 SOURCE_NOTE = ("Every number below comes from this evaluation (results.json). TensorBoard's `val` columns and "
                "charts are the training runs' own validation, on their data.val_sequences held-out sequences (the "
                "HParams `data` column): other or fewer sequences, so their values differ from these "
                "(docs/dashboards.md).")
 """Where the report's numbers come from, said next to them: a reader comparing them with TensorBoard's."""
+BASE_LABELS = ("base", "baseline", "pretrain")
+"""Labels that name the pre-trained base, against which the report gives every other run's in-context cost."""
+STATUS = {"pass": "PASS", "miss": "MISS", "undecided": "UNDECIDED"}
 
 
-SHOWN_DECIMALS = 3
-"""Numbers in report.md have 3 decimals; verdicts and checks compare those shown values."""
-CHECK_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt,
-             "abs<=": lambda value, limit: abs(value) <= limit}
+def threshold_check(text: str, value: float | None, op: str, threshold: float, *,
+                    interval: Sequence[float] | None = None, n: int | None = None) -> dict:
+    """One row of a report's Checks: read on its 95% interval where there is one (passes when all of it satisfies
+    `op threshold`, misses when none of it does, else undecided), else on the value as shown (None never passes).
 
-
-def shown(value: float | None) -> float | None:
-    """The value as the report prints it (rounded to SHOWN_DECIMALS), the one a reader checks the verdict against."""
-    return None if value is None else float(format(value, f".{SHOWN_DECIMALS}f"))
-
-
-def threshold_check(text: str, value: float | None, op: str, threshold: float) -> dict:
-    """One row of a report's Checks: passed when the value as shown satisfies `op threshold` (None never passes).
-
-    write_report re-derives "passed" of every check that carries op and threshold, so a check and the value
+    write_report re-derives the status of every check that carries op and threshold, so a check and the numbers
     printed next to it always agree."""
-    if op not in CHECK_OPS:
-        raise ValueError(f"check op {op!r} is unknown; allowed: {list(CHECK_OPS)}")
-    value_shown = shown(value)
-    return {"check": text, "value": value, "op": op, "threshold": threshold,
-            "passed": value_shown is not None and bool(CHECK_OPS[op](value_shown, threshold))}
+    return interval_check(text, value, interval, op, threshold, n=n)
 
 
 def _consistent(check: dict) -> dict:
     if "op" in check and "threshold" in check:
-        return {**check, "passed": threshold_check(check["check"], check["value"], check["op"],
-                                                   check["threshold"])["passed"]}
-    return check
-
-
-def bins_of(run: dict) -> list[dict]:
-    return (run.get("positionwise") or {}).get("bins") or []
+        return {**check, **threshold_check(check["check"], check["value"], check["op"], check["threshold"],
+                                           interval=check.get("interval"), n=check.get("num_sequences"))}
+    return {**check, "status": check.get("status") or ("pass" if check.get("passed") else "miss")}
 
 
 def _fmt(x, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def _bin_end_multiple(row: dict, train_len: int) -> float:
-    return row["end"] / train_len
+def base_run(runs: Sequence[dict]) -> dict | None:
+    """The run labelled as the base (BASE_LABELS), if any."""
+    by_label = {r["label"]: r for r in runs}
+    return next((by_label[b] for b in BASE_LABELS if b in by_label), None)
 
 
-def uses_context(run: dict) -> tuple[bool | None, str]:
-    """Is the loss in [T,2T) clearly below the no-context (unigram) loss of the same held-out tokens?
-
-    None when the results do not say (no unigram_loss, e.g. results of an older recurlen)."""
-    T = run.get("train_len") or (run.get("positionwise") or {}).get("train_len")
-    row = next((r for r in bins_of(run) if T and r["start"] == T), None)
-    unigram = run.get("unigram_loss")
-    if row is None or row.get("loss") is None or not unigram:
-        return None, ""
-    uses = row["loss"] <= (1.0 - USES_CONTEXT_REL) * unigram
-    return uses, (f"loss in {row['name']} {row['loss']:.3f} vs {unigram:.3f} for the held-out tokens' unigram "
-                  f"frequencies (no context)")
-
-
-def run_verdict(run: dict, *, up_to_multiple: float | None = None) -> dict:
-    """Does the run use its context at all? If so: does full - reset stay <= tolerance in every bin (up to a
-    multiple of T), and where does it fail?"""
-    T = run.get("train_len") or (run.get("positionwise") or {}).get("train_len")
-    uses, evidence = uses_context(run)
-    if uses is False:
-        # full - reset is ~0 for a model that ignores context: it would pass as "length-generalizes".
-        return {"label": run["label"], "measured": True, "uses_context": False, "generalizes": False,
-                "fails": False, "text": f"{run['label']}: does not use context ({evidence}; it must be at least "
-                                        f"{USES_CONTEXT_REL:.0%} lower): full - reset says nothing here"}
-    rows = [r for r in bins_of(run) if r.get("full_minus_reset") is not None and r["start"] >= T]
-    if up_to_multiple is not None:
-        rows = [r for r in rows if _bin_end_multiple(r, T) <= up_to_multiple + 1e-9]
-    if not rows:
-        return {"label": run["label"], "measured": False, "text": f"{run['label']}: no reset control was run"}
-    worst = max(rows, key=lambda r: r["full_minus_reset"])
-    first_fail = next((r for r in rows if shown(r["full_minus_reset"]) >= FAILS_MARGIN), None)
-    generalizes = all(shown(r["full_minus_reset"]) <= GENERALIZES_TOL for r in rows)
-    span = rows[-1]["name"].split(",")[-1].rstrip(")")
-    if generalizes:
-        text = (f"{run['label']}: length-generalizes up to {span} (full - reset <= +{GENERALIZES_TOL} in every bin; "
-                f"worst {worst['full_minus_reset']:+.3f} in {worst['name']})")
-    elif first_fail is not None:
-        text = (f"{run['label']}: FAILS past the training context: full - reset {first_fail['full_minus_reset']:+.3f} "
-                f"in {first_fail['name']} (worst {worst['full_minus_reset']:+.3f} in {worst['name']})")
-    else:
-        text = (f"{run['label']}: mostly holds, but the longer context costs up to {worst['full_minus_reset']:+.3f} "
-                f"nats in {worst['name']}")
-    return {"label": run["label"], "measured": True, "uses_context": uses, "generalizes": generalizes,
-            "fails": first_fail is not None,
-            "worst_bin": worst["name"], "worst_full_minus_reset": worst["full_minus_reset"], "text": text}
-
-
-def in_context_loss(run: dict) -> float | None:
-    rows = bins_of(run)
-    return rows[0]["loss"] if rows else None
+def cost_lines(runs: Sequence[dict]) -> list[str]:
+    """Each run's [0,T) loss against the base's, with its interval and what it allows against the 8% bar."""
+    base = base_run(runs)
+    if base is None:
+        return []
+    lines = []
+    for run in runs:
+        if run is base:
+            continue
+        cost = in_context_cost(run, base)
+        if cost is None:
+            continue
+        check = threshold_check("", cost.value, "abs<=", IN_CONTEXT_REL_TOL, interval=cost.interval, n=cost.n)
+        word = {"pass": "within", "miss": "outside", "undecided": "undecided against"}[check["status"]]
+        how = (f"95% interval {fmt_interval(cost.interval, '+.1%')}, {'paired' if cost.paired else 'unpaired'} "
+               f"bootstrap over {cost.n} sequences" if cost.interval else "point value: no per-sequence scores")
+        more = f"; about {check['needed_sequences']} sequences would decide it" if check["needed_sequences"] else ""
+        lines.append(f"- {run['label']}: in-context cost {cost.value:+.1%} ({how}): {word} the "
+                     f"{IN_CONTEXT_REL_TOL:.0%} bar{more}")
+    return lines
 
 
 def _table(runs: Sequence[dict], key: str, title: str, spec: str) -> list[str]:
+    """One row per run, one column per bin; a value with an interval (KEY_ci) is followed by it."""
     names = [r["name"] for r in bins_of(runs[0])] if runs else []
     lines = [f"### {title}", "", "| run | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for run in runs:
-        values = {r["name"]: r.get(key) for r in bins_of(run)}
-        lines.append(f"| {run['label']} | " + " | ".join(_fmt(values.get(n), spec) for n in names) + " |")
+        rows = {r["name"]: r for r in bins_of(run)}
+        cells = []
+        for n in names:
+            row = rows.get(n) or {}
+            ci = fmt_interval(row.get(f"{key}_ci"), spec)
+            cells.append(_fmt(row.get(key), spec) + (f" {ci}" if ci else ""))
+        lines.append(f"| {run['label']} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -258,6 +221,27 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     return out / "report.md"
 
 
+def checks_lines(checks: Sequence[dict]) -> list[str]:
+    """The Checks table (value, its 95% interval and sample, PASS / MISS / UNDECIDED) and its one-line count."""
+    lines = ["## Checks", "", "| check | value | 95% interval (sequences) | result |", "|---|---|---|---|"]
+    for c in checks:
+        spec = "+.1%" if c.get("op") == "abs<=" else "+.3f"
+        ci = fmt_interval(c.get("interval"), spec)
+        sample = f"{ci} ({c['num_sequences']})" if ci else "-"
+        result = STATUS[c["status"]]
+        if c["status"] == "undecided" and c.get("needed_sequences"):
+            result += f" (about {c['needed_sequences']} sequences would decide it)"
+        lines.append(f"| {c['check']} | {_fmt(c['value'], spec)} | {sample} | {result} |")
+    by = {k: [c for c in checks if c["status"] == k] for k in STATUS}
+    count = f"**{len(by['pass'])} of {len(checks)} checks passed"
+    count += "".join(f", {len(by[k])} {k}{'ed' if k == 'miss' else ''}" for k in ("undecided", "miss") if by[k])
+    count += ".**"
+    for k, word in (("undecided", "Undecided"), ("miss", "Missed")):
+        if by[k]:
+            count += f" {word}: " + "; ".join(c["check"] for c in by[k]) + "."
+    return lines + ["", count, ""]
+
+
 def steps_to_hold(runs: Sequence[dict], out: Path) -> list[dict]:
     """The post-training runs' far-bin curves from their own logs (recurlen.evaluation.steps_curve), the figure
     written into out; [] when no evaluated run is a post-training run with a validation log."""
@@ -271,18 +255,17 @@ def _evaluation_lines(runs: Sequence[dict], verdicts: Sequence[dict], checks: Se
                       plots: Sequence[str]) -> list[str]:
     lines: list[str] = []
     lines += ["## Verdicts", ""] + [f"- {v['text']}" for v in verdicts] + [""]
+    costs = cost_lines(runs)
+    if costs:
+        lines += ["In-context cost: each run's [0,T) loss against the base's, mean(run) / mean(base) - 1.", ""]
+        lines += costs + [""]
     if "compare" in plots:
         lines += ["## At a glance", "",
                   "Every run on the same axes, in units of the training context T: a run that length-generalizes "
                   f"keeps full - reset in or below the grey band (full - reset <= +{GENERALIZES_TOL:g}) past T; one "
                   "that fails climbs with position.", "", f"![compare]({PLOT_NAMES['compare']})", ""]
     if checks:
-        lines += ["## Checks", "", "| check | value | result |", "|---|---|---|"]
-        lines += [f"| {c['check']} | {_fmt(c['value'], '+.3f')} | {'PASS' if c['passed'] else 'MISS'} |"
-                  for c in checks]
-        missed = [c for c in checks if not c["passed"]]
-        lines += ["", f"**{len(checks) - len(missed)} of {len(checks)} checks passed.**" +
-                  ("" if not missed else " Missed: " + "; ".join(c["check"] for c in missed) + "."), ""]
+        lines += checks_lines(checks)
     lines += ["## Loss by position", "",
               "How to read: each column is a range of token positions in multiples of T. A model that "
               "length-generalizes keeps full - reset at or below 0 in every column; a model that fails "

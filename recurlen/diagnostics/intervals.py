@@ -163,11 +163,18 @@ def decide(mean: float, lo: float, hi: float, *, n: int, fail_bar: float, hold_b
         return Decision("between", None, None)
     # The interval straddles the bar nearest its mean: the one more sequences would settle.
     bar = fail_bar if abs(mean - fail_bar) <= abs(mean - hold_bar) else hold_bar
-    half = (hi - lo) / 2.0
+    return Decision("undecided", sequences_to_decide(mean, (hi - lo) / 2.0, bar, n=n), bar)
+
+
+def sequences_to_decide(mean: float, half_width: float, bar: float, *, n: int) -> int | None:
+    """About how many sequences would shrink an interval of this half-width at n clear of the bar, were the mean
+    and the spread to stay as measured (the width falls as 1 / sqrt(n)); None when the mean sits on the bar."""
     gap = abs(mean - bar)
-    needed = None if gap == 0.0 else max(n + 1, math.ceil(n * (half / gap) ** 2))
-    return Decision("undecided", needed, bar)
+    if gap == 0.0 or not math.isfinite(gap):
+        return None
+    # 1e-9: (0.08 / 0.02)^2 is 16.000000000000004 in floating point, not a 17th sequence.
+    return max(n + 1, math.ceil(n * (half_width / gap) ** 2 - 1e-9))
 
 
 __all__ = ["BOOTSTRAP_SEED", "LEVEL", "RESAMPLES", "Decision", "binomial_interval", "decide", "paired_bootstrap",
-           "ratio_bootstrap", "t_interval"]
+           "ratio_bootstrap", "sequences_to_decide", "t_interval"]

@@ -17,17 +17,20 @@ Legend: N sequences, B batch rows, L tokens, P = L - 1 predictions, V vocabulary
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from recurlen.diagnostics.bins import bin_summary, bin_sums, context_bins, log_bins, log_points, split_points
+from recurlen.diagnostics.intervals import BOOTSTRAP_SEED, LEVEL, RESAMPLES, paired_bootstrap
 from recurlen.diagnostics.model_access import autocast, eval_mode, model_device, require_state_api, select_sequences
 from recurlen.diagnostics.state_stats import StateCurves, state_statistics
 
@@ -125,7 +128,8 @@ def score_positions(model: nn.Module, ids_BL: torch.Tensor, *, ends: Sequence[in
 
 @dataclass
 class PositionwiseResult:
-    """Sums over sequences (so that ranks can add them) of the position-wise NLL and state statistics."""
+    """Sums over sequences (so that ranks can add them) of the position-wise NLL and state statistics, and each
+    sequence's mean NLL per context bin (the unit an interval resamples)."""
 
     train_len: int
     seq_len: int
@@ -136,12 +140,21 @@ class PositionwiseResult:
     """(L-1,) float64, the same with the state reset every train_len positions (None if not run)."""
     state: StateCurves | None
     """State statistics of the full pass at increasing positions (None if not run)."""
+    seq_loss_NK: torch.Tensor | None = None
+    """(N, K) float64: each sequence's mean NLL in each context bin [0,T), [T,2T), ... (None if not kept)."""
+    seq_reset_loss_NK: torch.Tensor | None = None
+    """(N, K) float64, the same with the reset control (None if it was not run)."""
+    sequences_digest: str | None = None
+    """A hash of the scored token ids: two runs with the same digest were scored on the same sequences, so their
+    per-sequence scores can be paired."""
 
     def count_P(self) -> torch.Tensor:
         return torch.full((self.seq_len - 1,), float(self.num_sequences), dtype=torch.float64)
 
-    def summary(self, *, num_log_bins: int = 24) -> dict:
-        """JSON-ready per-bin loss / ppl (/ full - reset), context-multiple bins and log-spaced bins."""
+    def summary(self, *, num_log_bins: int = 24, seed: int = BOOTSTRAP_SEED) -> dict:
+        """JSON-ready per-bin loss / ppl (/ full - reset), context-multiple bins and log-spaced bins; with the
+        per-sequence losses kept, each context bin's full - reset gets its 95% paired-bootstrap interval
+        (`full_minus_reset_ci`) and the entry keeps those losses ("per_sequence") so that anyone can recompute it."""
         num_positions = self.seq_len - 1
         out: dict = {"train_len": self.train_len, "seq_len": self.seq_len, "num_sequences": self.num_sequences,
                      "convention": POSITION_CONVENTION}
@@ -150,7 +163,46 @@ class PositionwiseResult:
             reset = None if self.reset_nll_sum_P is None else bin_sums(self.reset_nll_sum_P, bins) if bins else None
             out[key] = bin_summary(bins, bin_sums(self.nll_sum_P, bins), bin_sums(self.count_P(), bins), reset) \
                 if bins else []
+        if self.seq_loss_NK is not None:
+            out.update(self._per_sequence(out["bins"], seed=seed))
         return out
+
+    def _per_sequence(self, rows: list[dict], *, seed: int) -> dict:
+        return per_sequence_section(rows, self.seq_loss_NK.numpy(), None if self.seq_reset_loss_NK is None
+                                    else self.seq_reset_loss_NK.numpy(), digest=self.sequences_digest, seed=seed)
+
+
+def per_sequence_section(rows: list[dict], loss_NK, reset_NK=None, *, digest: str | None = None,
+                         seed: int = BOOTSTRAP_SEED) -> dict:
+    """The summary's per-sequence part: each sequence's loss (and reset loss) per context bin, and with the reset
+    control each bin's full - reset interval written into its row (`full_minus_reset_ci`), as results.json keeps
+    them. rows: the context bins' summary rows, in the columns' order."""
+    loss_NK = np.asarray(loss_NK, dtype=np.float64)
+    per_seq = {"bins": [r["name"] for r in rows], "loss": loss_NK.tolist()}
+    extra: dict = {"per_sequence": per_seq, "sequences_digest": digest}
+    if reset_NK is None:
+        return extra
+    reset_NK = np.asarray(reset_NK, dtype=np.float64)
+    per_seq["reset_loss"] = reset_NK.tolist()
+    diff_NK = loss_NK - reset_NK
+    if diff_NK.shape[0] >= 2 and np.isfinite(diff_NK).all():
+        lo_K, hi_K = paired_bootstrap(diff_NK, seed=seed)
+        for row, lo, hi in zip(rows, lo_K, hi_K):
+            row["full_minus_reset_ci"] = [float(lo), float(hi)]
+    extra["interval"] = {"method": "paired bootstrap over held-out sequences (percentile)", "level": LEVEL,
+                         "resamples": RESAMPLES, "seed": seed, "sequences": diff_NK.shape[0]}
+    return extra
+
+
+def sequences_digest(seqs_NL: torch.Tensor) -> str:
+    """A short hash of the token ids (their shape included): equal digests, the same scored sequences."""
+    data = seqs_NL.to(torch.int64).contiguous().cpu().numpy()
+    return hashlib.sha256(str(data.shape).encode() + data.tobytes()).hexdigest()[:16]
+
+
+def _bin_means(nll_BP: torch.Tensor, bins: Sequence) -> torch.Tensor:
+    """(B, K) float64 mean NLL of each row in each bin."""
+    return torch.stack([nll_BP[:, b.start:b.end].double().mean(dim=1) for b in bins], dim=1).cpu()
 
 
 def evaluation_ends(seq_len: int, *, train_len: int, chunk_len: int, state_points: int = 0) -> list[int]:
@@ -196,6 +248,8 @@ def evaluate_positionwise(model: nn.Module, sequences: torch.Tensor | Sequence[t
     nll_sum_P = torch.zeros(seq_len - 1, dtype=torch.float64)
     reset_sum_P = torch.zeros(seq_len - 1, dtype=torch.float64) if reset_control else None
     curves = StateCurves.empty(ends, model.zero_state(1).n_layer) if state_stats else None
+    ctx_bins = context_bins(train_len, seq_len - 1)
+    seq_loss, seq_reset = [], []
     passes = 2 if reset_control else 1
     with eval_mode(model), tqdm(total=num * seq_len * passes, disable=not progress,
                                 desc=progress if isinstance(progress, str) else "position-wise",
@@ -205,6 +259,7 @@ def evaluate_positionwise(model: nn.Module, sequences: torch.Tensor | Sequence[t
             nll_BP, stats_FKBS = score_positions(model, ids_BL, ends=ends, sample_state=state_stats,
                                                  with_nll=with_nll, bf16=bf16, on_chunk=bar.update)
             nll_sum_P += nll_BP.double().sum(dim=0).cpu()
+            seq_loss.append(_bin_means(nll_BP, ctx_bins))
             if curves is not None:
                 curves.sums_FKS += stats_FKBS.sum(dim=2).cpu()
                 curves.count += ids_BL.shape[0]
@@ -212,7 +267,11 @@ def evaluate_positionwise(model: nn.Module, sequences: torch.Tensor | Sequence[t
                 reset_BP, _ = score_positions(model, ids_BL, ends=ends, reset_every=train_len, bf16=bf16,
                                               on_chunk=bar.update)
                 reset_sum_P += reset_BP.double().sum(dim=0).cpu()
-    result = PositionwiseResult(train_len, seq_len, num, nll_sum_P, reset_sum_P, curves)
+                seq_reset.append(_bin_means(reset_BP, ctx_bins))
+    result = PositionwiseResult(train_len, seq_len, num, nll_sum_P, reset_sum_P, curves,
+                                seq_loss_NK=torch.cat(seq_loss) if with_nll and seq_loss else None,
+                                seq_reset_loss_NK=torch.cat(seq_reset) if seq_reset else None,
+                                sequences_digest=sequences_digest(seqs_NL))
     if with_nll and not math.isfinite(float(nll_sum_P.sum())):
         # Worth a loud note: a non-finite NLL usually means a diverged checkpoint, not an eval bug.
         log.warning("position-wise NLL is not finite (diverged model or bf16 overflow?)")

@@ -68,8 +68,8 @@ def test_report_says_plainly_what_missed(tmp_path):
         run("base", [0, 0, 0.1, 0.3, 0.2]), run("tbptt", [0, 0, 0.0, 0.0, 0.0])]}))
     assert "## Checks" not in write_report([results.parent], out_dir=tmp_path / "plain").read_text()
     text = write_report([results.parent], out_dir=tmp_path / "out", checks=demo_checks).read_text()
-    assert "| baseline fails: full - reset >= +0.3 in [8T,16T) | +0.200 | MISS |" in text
-    assert "**2 of 3 checks passed.** Missed: baseline fails" in text
+    assert "| baseline fails: full - reset >= +0.3 in [8T,16T) | +0.200 | - | MISS |" in text
+    assert "**2 of 3 checks passed, 1 missed.** Missed: baseline fails" in text
     # Where its numbers come from, against TensorBoard's training-time validation ('val' columns).
     assert "Every number below comes from this evaluation (results.json). TensorBoard's `val` columns" in text
     merged = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -186,6 +186,6 @@ def test_checks_and_verdicts_compare_the_value_they_show(tmp_path):
 
     text = write_report([results.parent], out_dir=tmp_path / "out", checks=checks).read_text()
     # A check that carries op and threshold gets its verdict from the value as shown, whatever it arrived with.
-    assert "| tbptt fixes it: full - reset <= +0.05 | +0.050 | PASS |" in text
-    assert "| shown +0.051 | +0.051 | MISS |" in text
+    assert "| tbptt fixes it: full - reset <= +0.05 | +0.050 | - | PASS |" in text
+    assert "| shown +0.051 | +0.051 | - | MISS |" in text
     assert "tbptt: length-generalizes up to 16T" in text

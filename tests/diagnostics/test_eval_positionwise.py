@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -177,3 +178,36 @@ def test_bad_input(arch_model, seqs):
         evaluate_positionwise(torch.nn.Linear(4, 4), seqs, train_len=T)
     with pytest.raises(ValueError, match=r"reset_every=32 needs a chunk end at every multiple"):
         score_positions(arch_model, seqs, ends=[100, L], reset_every=T)
+
+
+def test_per_sequence_losses_and_their_interval(nano_model, seqs):
+    """Each sequence's bin means average to the bin's loss; the interval is the paired bootstrap of their
+    differences, reproducible from the per-sequence numbers the summary keeps."""
+    from recurlen.diagnostics.intervals import paired_bootstrap
+
+    model = nano_model("mamba2")
+    res = evaluate_positionwise(model, seqs, train_len=T, chunk_len=64, batch_size=2, state_stats=False)
+    summary = res.summary(num_log_bins=0, seed=3)
+    per_seq = summary["per_sequence"]
+    assert per_seq["bins"] == [r["name"] for r in summary["bins"]]
+    assert len(per_seq["loss"]) == len(per_seq["reset_loss"]) == 3
+    ref_BP = full_nll(model, seqs).double()
+    for k, row in enumerate(summary["bins"]):
+        want = [ref_BP[i, row["start"]:row["end"]].mean().item() for i in range(3)]
+        assert [s[k] for s in per_seq["loss"]] == pytest.approx(want, rel=1e-5)
+        assert sum(s[k] for s in per_seq["loss"]) / 3 == pytest.approx(row["loss"], rel=1e-9)
+    diff = np.array(per_seq["loss"]) - np.array(per_seq["reset_loss"])
+    lo, hi = paired_bootstrap(diff, seed=3)
+    for k, row in enumerate(summary["bins"]):
+        assert row["full_minus_reset_ci"] == [pytest.approx(lo[k]), pytest.approx(hi[k])]
+        assert row["full_minus_reset_ci"][0] <= row["full_minus_reset"] + 1e-12
+        assert row["full_minus_reset"] - 1e-12 <= row["full_minus_reset_ci"][1]
+    assert summary["bins"][0]["full_minus_reset_ci"] == [0.0, 0.0]  # [0,T): the reset changes nothing
+    assert summary["interval"] == {"method": "paired bootstrap over held-out sequences (percentile)",
+                                   "level": 0.95, "resamples": 2000, "seed": 3, "sequences": 3}
+    # The same tokens give the same digest; other tokens another.
+    again = evaluate_positionwise(model, seqs[:, :], train_len=T, chunk_len=32, state_stats=False, reset_control=False)
+    assert again.sequences_digest == res.sequences_digest
+    assert evaluate_positionwise(model, seqs.flip(0), train_len=T, reset_control=False,
+                                 state_stats=False).sequences_digest != res.sequences_digest
+    assert "reset_loss" not in again.summary(num_log_bins=0)["per_sequence"]
