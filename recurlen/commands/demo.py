@@ -18,6 +18,8 @@ During the evaluation the signal stops it where it is (nothing of it is written)
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import re
@@ -36,6 +38,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from recurlen.commands.demo_markers import DONE_MARKER, marker_matches, stage_done, stage_inputs
 from recurlen.commands.demo_progress import REFERENCE, DemoProgress
+from recurlen.commands.demo_seeds import seed_overrides, seed_roots, seeds_lines, seeds_summary
 from recurlen.commands.report import base_run, threshold_check, write_report
 from recurlen.evaluation.evidence import (
     FAILS_MARGIN,
@@ -121,8 +124,14 @@ class DemoConfig:
     overrides: list[str] = field(default_factory=list)
     """Extra overrides given to every training stage (e.g. data.max_documents=100 for a quick run)."""
     eval: DemoEval = field(default_factory=DemoEval)
+    seeds: int = 1
+    """Run the whole demo under this many seeds (initialisation, data order, interventions): seed 0 in run_root as
+    always, seed k in run_root/seeds/k; the report then gives each verdict as a count over seeds
+    (recurlen.commands.demo_seeds)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.seeds, int) or self.seeds < 1:
+            raise ValueError(f"demo seeds must be a positive integer; got {self.seeds!r}")
         unknown = sorted(set(self.interventions) - set(INTERVENTIONS))
         if unknown:
             raise ValueError(f"demo interventions {unknown} are unknown; allowed: {list(INTERVENTIONS)}")
@@ -182,7 +191,10 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
              f"  3. eval          {cfg.eval.num_sequences} held-out sequences of {cfg.eval.length} tokens"
              f"{' + EffRem' if cfg.eval.effrem else ''} -> {root / 'eval'}",
              f"  4. report        {root / 'report.md'}",
-             f"  time         about {_minutes(_progress(cfg, disable=True).first_estimate)} on "
+             *([f"  seeds        {cfg.seeds}: stages 1-3 once per seed, seed 0 in {root}, seed k in "
+                f"{root / 'seeds'}/k (seed=k data.seed=k), all evaluated on the same held-out sequences"]
+               if cfg.seeds > 1 else []),
+             f"  time         about {_minutes(cfg.seeds * _progress(cfg, disable=True).first_estimate)} on "
              f"{REFERENCE.machine} (measured stage costs; the bar rescales them to this machine as it runs)"]
     return lines
 
@@ -350,14 +362,33 @@ def run_demo(cfg: DemoConfig) -> Path:
     """Run the stages (see the module docstring); stop signals are passed on to the running stages."""
     handled = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
     if threading.current_thread() is not threading.main_thread():
-        return _run_demo(cfg)
+        return _run_seeds(cfg)
     previous = {s: signal.signal(s, _STAGES.forward) for s in handled}
     _STAGES.stopped_on = None
     try:
-        return _run_demo(cfg)
+        return _run_seeds(cfg)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _run_seeds(cfg: DemoConfig) -> Path:
+    """The demo once per seed (seed 0 as it always was), then with several seeds the report of seed 0's run root
+    written again with what the seeds agree on (recurlen.commands.demo_seeds)."""
+    if cfg.seeds == 1:
+        return _run_demo(cfg)
+    root = Path(cfg.run_root)
+    roots = seed_roots(root, cfg.seeds)
+    for k, seed_root in enumerate(roots):
+        log.info("demo: seed %d of %d -> %s", k + 1, cfg.seeds, seed_root)
+        _run_demo(dataclasses.replace(cfg, seeds=1, run_root=str(seed_root),
+                                      overrides=[*cfg.overrides, *seed_overrides(k)]))
+    summary = seeds_summary(roots, checks=demo_checks)
+    write_report([root / "eval" / "results.json"], out_dir=root, notes=[*seeds_lines(summary), *setup_notes(cfg)],
+                 checks=demo_checks, extra={"seeds": summary},
+                 timings=json.loads((root / TIMINGS).read_text()).get("stages"))
+    log.info("demo: %d seeds, report %s", cfg.seeds, root / "report.md")
+    return root
 
 
 def _run_demo(cfg: DemoConfig) -> Path:

@@ -171,7 +171,8 @@ def read_results(paths: Sequence[str | os.PathLike]) -> tuple[list[dict], list[d
 
 def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.PathLike, title: str | None = None,
                  timings: Sequence[dict] | None = None, wall_seconds: float | None = None,
-                 notes: Sequence[str] = (), checks: Callable[[Sequence[dict]], list[dict]] | None = None) -> Path:
+                 notes: Sequence[str] = (), checks: Callable[[Sequence[dict]], list[dict]] | None = None,
+                 extra: dict | None = None) -> Path:
     """report.md, a merged results.json and the plots in out_dir, from evaluation and / or task results.
 
     checks: acceptance checks of a particular experiment (the demo's), given the runs; each
@@ -216,7 +217,7 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     write_text(out / "report.md", text)
     merged = {"format": "recurlen.report/1", "runs": runs, "verdicts": verdicts, "checks": checks,
               "plots": {k: PLOT_NAMES[k] for k in plots}, "timings": list(timings or []),
-              "tasks": [strip_private(t) for t in tasks], "steps_curve": curves}
+              "tasks": [strip_private(t) for t in tasks], "steps_curve": curves, **(extra or {})}
     write_json(out / "results.json", merged, indent=2)
     return out / "report.md"
 

@@ -39,6 +39,7 @@ USES_CONTEXT_REL = 0.1
 SHOWN_DECIMALS = 3
 OUTCOMES = ("fails", "between", "holds")
 WORDS = {"fails": "fails", "between": "mostly holds", "holds": "holds"}
+"""How a verdict's outcome reads in prose and in counts over seeds."""
 
 
 def shown(value: float | None) -> float | None:
@@ -286,7 +287,7 @@ def all_bins_check(text: str, rows: Sequence[dict], op: str, threshold: float, *
     return max(checks, key=lambda c: ends(c)[1] if upper_bar else -ends(c)[0])
 
 
-__all__ = ["CHECK_OPS", "FAILS_MARGIN", "GENERALIZES_TOL", "IN_CONTEXT_REL_TOL", "USES_CONTEXT_REL", "BinEvidence",
-           "Cost", "all_bins_check", "bin_evidence", "bins_of", "combine", "far_rows", "fmt_interval",
+__all__ = ["CHECK_OPS", "FAILS_MARGIN", "GENERALIZES_TOL", "IN_CONTEXT_REL_TOL", "USES_CONTEXT_REL", "WORDS",
+           "BinEvidence", "Cost", "all_bins_check", "bin_evidence", "bins_of", "combine", "far_rows", "fmt_interval",
            "in_context_cost", "in_context_loss", "interval_check", "interval_status", "num_sequences", "run_verdict",
            "shown", "uses_context"]

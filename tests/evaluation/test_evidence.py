@@ -83,7 +83,7 @@ def test_a_run_that_fails_holds_lies_between_or_is_undecided():
     undecided = run_verdict(run_with("sp", {"[8T,16T)": (0.03, 0.2)}))
     assert undecided["outcome"] == "undecided" and undecided["possible"] == ["between", "holds"]
     assert undecided["needed_sequences"] > 64
-    assert (f"sp: undecided at 64 sequences between mostly holds and holds: full - reset +0.030 [" in
+    assert ("sp: undecided at 64 sequences between mostly holds and holds: full - reset +0.030 [" in
             undecided["text"])
     assert f"straddles +0.05; about {undecided['needed_sequences']} sequences would decide it" in undecided["text"]
     # More sequences of the same spread decide it: the interval shrinks clear of the bar.
