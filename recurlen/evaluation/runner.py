@@ -266,6 +266,22 @@ def _checkpoint_of(path: str) -> str:
     return str(checkpoint_to_read(run))
 
 
+def _load(cfg: EvalConfig, label: str, path: str, *, device: torch.device):
+    """(the loaded run, its T) as the evaluation scores it: at its resume checkpoint, normalised over the padded LM
+    head with padded_vocab=true."""
+    loaded = load_model(_checkpoint_of(path), backend=cfg.backend, device=device)
+    train_len = cfg.train_len or loaded.train_seq_len
+    if train_len is None:
+        raise UserError(f"eval [{label}]: {path} does not record its training context; set train_len= "
+                        "(EvalConfig.train_len)")
+    if cfg.padded_vocab:
+        if not hasattr(loaded.model, "score_padded_vocab"):
+            raise ValueError(f"eval [{label}]: padded_vocab=true needs a model with a padded LM head "
+                             f"(Mamba-2); {type(loaded.model).__name__} has none")
+        loaded.model.score_padded_vocab = True
+    return loaded, train_len
+
+
 def _evaluate_fixes(cfg: EvalConfig, sequences, *, device: torch.device) -> list[dict]:
     """One entry per training-free fix: the base run loaded afresh, the fix applied (calibrated on the held-out
     sequences after those the evaluation scores), then evaluated like any run."""
@@ -276,12 +292,9 @@ def _evaluate_fixes(cfg: EvalConfig, sequences, *, device: torch.device) -> list
     rest = sequences[cfg.scored_rows():]
     entries = []
     for key, fix, fix_cfg in cfg.fix_configs():
-        loaded = load_model(_checkpoint_of(labelled[base]), backend=cfg.backend, device=device)
-        train_len = cfg.train_len or loaded.train_seq_len
-        if train_len is None:
-            raise UserError(f"eval [{base}+{key}]: {labelled[base]} does not record its training context; set "
-                            "train_len= (EvalConfig.train_len)")
         label = f"{base}+{key}"
+        # Scored (and calibrated) like the runs it is compared with: padded_vocab applies to the fix's model too.
+        loaded, train_len = _load(cfg, label, labelled[base], device=device)
         record = fix_args.apply_fix(loaded.model, key, fix, fix_cfg, base=base, rows=rest, length=cfg.seq_len,
                                     train_len=train_len)
         entry = evaluate_model(loaded.model, sequences, cfg=cfg, train_len=train_len, label=label,
@@ -299,16 +312,7 @@ def run_eval(cfg: EvalConfig, sequences: torch.Tensor | list[torch.Tensor]) -> d
     out_dir = Path(cfg.output_dir)
     runs = []
     for label, path in cfg.labelled_checkpoints():
-        loaded = load_model(_checkpoint_of(path), backend=cfg.backend, device=device)
-        train_len = cfg.train_len or loaded.train_seq_len
-        if train_len is None:
-            raise UserError(f"eval [{label}]: {path} does not record its training context; set train_len= "
-                            "(EvalConfig.train_len)")
-        if cfg.padded_vocab:
-            if not hasattr(loaded.model, "score_padded_vocab"):
-                raise ValueError(f"eval [{label}]: padded_vocab=true needs a model with a padded LM head "
-                                 f"(Mamba-2); {type(loaded.model).__name__} has none")
-            loaded.model.score_padded_vocab = True
+        loaded, train_len = _load(cfg, label, path, device=device)
         log.info("evaluating %s (%s) at T=%d on %s", label, loaded.source, train_len, device)
         entry = evaluate_model(loaded.model, sequences, cfg=cfg, train_len=train_len, label=label,
                                source=loaded.source, device=device)

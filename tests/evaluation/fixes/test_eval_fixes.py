@@ -98,3 +98,18 @@ def test_fix_settings_are_checked_before_anything_loads(checkpoints, tmp_path):
         small_cfg(checkpoints, tmp_path, fixes=["a_scale", "a_scale=mambaextend"], fix={})
     with pytest.raises(ValueError, match="fix_base='nope' is not a checkpoint's label"):
         small_cfg(checkpoints, tmp_path, fix_base="nope")
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("fix", ["mambaextend", "a_scale"])
+def test_a_fix_that_changes_nothing_scores_exactly_like_its_base(checkpoints, tmp_path, padded, fix):
+    """0 calibration steps leave the scales at 1: the fix's row is its base's to the last bit, with the official
+    padded head (padded_vocab=true) as without it; a fix scored over fewer rows than its base would gain
+    log(1 + padded mass) per token."""
+    seqs = torch.randint(0, 257, (4, 256), generator=torch.Generator().manual_seed(5))
+    cfg = small_cfg(checkpoints, tmp_path / f"{fix}-{padded}", checkpoints=[f"base={checkpoints['base']}"],
+                    padded_vocab=padded, fixes=[fix], fix={fix: {"steps": 0, "sequences": 1}})
+    base, fixed = run_eval(cfg, seqs)["runs"]
+    assert fixed["label"] == f"base+{fix}"
+    for key in ("bins", "per_sequence"):
+        assert fixed["positionwise"][key] == base["positionwise"][key]
