@@ -9,8 +9,12 @@ format=transformers  config.json + model.safetensors that transformers' AutoMode
                      (Mamba2ForCausalLM, MambaForCausalLM); recurlen loads it too. Only for the architectures
                      transformers has a class for.
 Next to the weights: the tokenizer's files (where the model's tokenizer has files), README.md, the model card
-(recurlen.commands.model_card), and recurlen_export.json, the record of what the export wrote and the training
-context T (recurlen.models.export_manifest). Nothing is uploaded: `huggingface-cli upload NAME DIR` is the user's step.
+(recurlen.commands.model_card), and recurlen_export.json, the record of what the export wrote, the training context T
+and the run's data settings, so that `recurlen eval DIR` reads the run's held-out documents
+(recurlen.models.export_manifest). Nothing is uploaded: `huggingface-cli upload NAME DIR` is the user's step.
+
+A run that is still training (another process holds its writer lock) is exported as its latest checkpoint: the
+export says which step of how many, and so does the card.
 
 --out is the user's directory: a non-empty one is written into only when it is an earlier export of the same run, or
 with overwrite=true; either way only the export's own files are replaced, and no other file is deleted. Everything is
@@ -31,8 +35,8 @@ import torch
 
 from recurlen.commands.model_card import find_evidence, write_card
 from recurlen.models import official, registry, transformers_format
-from recurlen.models.export_manifest import MANIFEST_NAME, ExportManifest, read_manifest, source_id
-from recurlen.training.run_dir import load_model, run_dir_of
+from recurlen.models.export_manifest import MANIFEST_NAME, ExportManifest, read_manifest, shareable_data, source_id
+from recurlen.training.run_dir import checkpoint_step, load_model, run_config, run_dir_of
 from recurlen.util.atomic_files import host_name, pid_alive, write_text
 from recurlen.util.errors import UserError
 
@@ -57,6 +61,9 @@ class ExportSettings:
     (the only file mamba-ssm's from_pretrained reads)."""
     card: bool = True
     """Write README.md, the model card with the run's evidence."""
+    tensorboard: bool = False
+    """Also write the card's comparison as a TensorBoard run (compare/events...) next to its plots; off by default,
+    since an upload of the directory would publish it."""
     overwrite: bool = False
     """Write into a non-empty --out that is not an earlier export of this run. Only the export's files are replaced
     there; the directory's other files are kept."""
@@ -142,9 +149,49 @@ def export_plan(source: str, out: str, settings: ExportSettings, eval_path: str 
         except FileNotFoundError as err:
             raise UserError(f"--eval {eval_path}: {err} (give `recurlen eval`'s --out directory)") from None
     card = "README.md" + (f" with the evaluation in {eval_path}" if eval_path else "") if settings.card else "none"
+    progress = training_progress(source)
     return ["recurlen export: plan", f"  model    {describe_checkpoint(source)}",
+            *([f"  step     {progress.describe()}"] if progress is not None else []),
             f"  format   {settings.format}, {settings.dtype}, weights {settings.weights}", f"  card     {card}",
             f"  output   {out}" + (" (an earlier export of this run: its files are replaced)" if earlier else "")]
+
+
+@dataclass
+class TrainingProgress:
+    """How far the exported checkpoint of a run got: its step, the run's trainer.max_steps, and whether another
+    process is training the run now (its writer lock: recurlen.util.writer_lock)."""
+
+    step: int | None
+    max_steps: int | None
+    live: bool
+    """Another live process holds the run's writer lock: it is training."""
+
+    @property
+    def partial(self) -> bool:
+        return self.live or (self.step is not None and self.max_steps is not None and self.step < self.max_steps)
+
+    def describe(self) -> str:
+        of = f" of the run's trainer.max_steps={self.max_steps}" if self.max_steps is not None else ""
+        where = f"step {self.step if self.step is not None else '?'}{of}"
+        if self.live:
+            return (f"{where}: the run is still training (its writer.json names the process); this is its latest "
+                    "checkpoint")
+        return where + (": the run stopped before its last step" if self.partial else "")
+
+
+def training_progress(source: str) -> TrainingProgress | None:
+    """The exported checkpoint's step against its run's max_steps, and whether the run is live (None for a source
+    that is no recurlen checkpoint)."""
+    from recurlen.util.writer_lock import refusal
+
+    run = run_dir_of(source)
+    p = Path(source).expanduser()
+    checkpoint = run.last_checkpoint if run is not None and p.is_dir() else p if p.suffix == ".ckpt" else None
+    if checkpoint is None or not checkpoint.is_file():
+        return None
+    max_steps = ((run_config(source) or {}).get("trainer") or {}).get("max_steps")
+    return TrainingProgress(checkpoint_step(checkpoint), max_steps if isinstance(max_steps, int) else None,
+                            live=run is not None and refusal(run.path) is not None)
 
 
 def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path: str | None = None,
@@ -166,6 +213,12 @@ def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path:
                         f"format=official writes {model.official.library}'s own format, which loads with: "
                         f"{model.official.loading}")
     _check_weights_conflict(out, earlier, settings, model)
+    progress = training_progress(source)
+    if progress is not None and progress.live:
+        # The export goes on: a checkpoint of a live run is a whole model; which one it is must not go unsaid.
+        log.warning("%s is still training (another process holds its writer lock; its writer.json names it): "
+                    "exporting its latest checkpoint, step %s of trainer.max_steps=%s; export again once the run has "
+                    "finished for its last step", source, progress.step, progress.max_steps)
     evidence = find_evidence(source, run_dir_of(source), eval_path) if settings.card else None  # before writing
     where = out.resolve()
     where.parent.mkdir(parents=True, exist_ok=True)
@@ -176,13 +229,14 @@ def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path:
     os.mkdir(tmp)
     try:
         weights = _write(tmp, source=source, loaded=loaded, arch=arch, settings=settings, dtype=dtype,
-                         evidence=evidence, eval_path=eval_path,
+                         evidence=evidence, eval_path=eval_path, progress=progress,
                          export_words=command or [source, "--out", str(out), f"format={settings.format}"])
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if not p.is_dir())
         run = run_dir_of(source)
+        cfg = run_config(source) if run is not None or str(source).endswith(".ckpt") else None
         manifest = ExportManifest(run=(run.path if run is not None else Path(source)).name,
                                   source_id=_source_id(source), train_seq_len=loaded.train_seq_len,
-                                  files=sorted([*files, MANIFEST_NAME]))
+                                  files=sorted([*files, MANIFEST_NAME]), data=shareable_data((cfg or {}).get("data")))
         write_text(tmp / MANIFEST_NAME, manifest.to_json())
         _install(tmp, out, manifest, earlier)
     finally:
@@ -214,7 +268,7 @@ def _check_weights_conflict(out: Path, earlier: ExportManifest | None, settings:
 
 
 def _write(tmp: Path, *, source: str, loaded, arch, settings: ExportSettings, dtype: torch.dtype,
-           evidence, eval_path: str | None, export_words: list[str]) -> Path:
+           evidence, eval_path: str | None, progress: TrainingProgress | None, export_words: list[str]) -> Path:
     """The weights, the tokenizer's files and the card into `tmp` -> the weights file."""
     model = loaded.model
     tokenizer_note, ids = _tokenizer(loaded.tokenizer, tmp)
@@ -231,7 +285,8 @@ def _write(tmp: Path, *, source: str, loaded, arch, settings: ExportSettings, dt
     if settings.card:
         write_card(tmp, source=source, loaded=loaded, arch=arch, format_name=format_name, library=library,
                    loading=loading, weights=weights.name, dtype=settings.dtype, tokenizer_note=tokenizer_note,
-                   evidence=evidence, eval_path=eval_path, export_words=export_words)
+                   evidence=evidence, eval_path=eval_path, export_words=export_words, tensorboard=settings.tensorboard,
+                   progress=progress)
     return weights
 
 
@@ -265,4 +320,5 @@ def _install(tmp: Path, out: Path, manifest: ExportManifest, earlier: ExportMani
              f" (kept: {_listing(kept)})" if kept else "")
 
 
-__all__ = ["DTYPES", "FORMATS", "ExportSettings", "check_out", "check_source", "export", "export_plan"]
+__all__ = ["DTYPES", "FORMATS", "ExportSettings", "TrainingProgress", "check_out", "check_source", "export",
+           "export_plan", "training_progress"]

@@ -214,12 +214,12 @@ def figures_for(runs: Sequence[dict]) -> dict[str, Figure]:
     return figs
 
 
-def write_plots(runs: Sequence[dict], out_dir: str | os.PathLike) -> dict[str, Path]:
+def write_plots(runs: Sequence[dict], out_dir: str | os.PathLike, *, tensorboard: bool = True) -> dict[str, Path]:
     """All available plots of `runs` as PNGs in out_dir -> {kind: path}; with several runs also the comparison
-    as a TensorBoard run, out_dir/compare (recurlen.diagnostics.compare)."""
+    as a TensorBoard run, out_dir/compare (recurlen.diagnostics.compare), unless tensorboard=False."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figs = figures_for(runs)
-    if "compare" in figs:
+    if "compare" in figs and tensorboard:
         write_comparison_tensorboard(runs, out)
     return {kind: save_figure(fig, out / PLOT_NAMES[kind]) for kind, fig in figs.items()}

@@ -1,6 +1,7 @@
 """The held-out long sequences an evaluation runs on, and the evaluation of checkpoints on them.
 
-The sequences come from the first run's own data config (its validation split), else from a data group
+The sequences come from the first run's own data config (its validation split; an export's, the run's it was made
+from, as its recurlen_export.json records it), else from a data group
 of experiments/data/ (`data=pg19`), with `data.key=value` overrides on top.
 """
 
@@ -21,10 +22,17 @@ log = logging.getLogger(__name__)
 
 
 def run_data_config(path: str) -> DataConfig | None:
-    """The DataConfig a recurlen run trained with (from its config.yaml), or None."""
+    """The DataConfig a recurlen run trained with (from its config.yaml), or that of the run an export was made from
+    (its recurlen_export.json), or None."""
+    from recurlen.models.export_manifest import recorded_data
     from recurlen.training.run_dir import run_config
 
     data = (run_config(path) or {}).get("data")
+    if not data and Path(path).expanduser().is_dir():
+        known = {f.name for f in dataclasses.fields(DataConfig)}  # a later recurlen's settings: left to it
+        data = {k: v for k, v in (recorded_data(Path(path).expanduser()) or {}).items() if k in known}
+        if data:
+            log.info("held-out data: the settings of the run %s was exported from (its recurlen_export.json)", path)
     return None if not data else OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), data))
 
 
