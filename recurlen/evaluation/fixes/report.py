@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from recurlen.evaluation.evidence import IN_CONTEXT_REL_TOL, fmt_interval, in_context_cost, interval_check, run_verdict
+
 
 def _fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
@@ -28,25 +30,54 @@ def _values(fix: dict) -> str:
     return ""
 
 
+def _cell(row: dict | None, key: str, spec: str) -> str:
+    row = row or {}
+    ci = fmt_interval(row.get(f"{key}_ci"), spec)
+    return _fmt(row.get(key), spec) + (f" {ci}" if ci else "")
+
+
+def _verdict(run: dict, base: dict | None) -> str:
+    """The run's loss verdict and, for a fix, its in-context cost against its base, each read on its interval."""
+    verdict = run_verdict(run)
+    text = {"no context": "does not use context", None: "not measured"}.get(verdict.get("outcome"),
+                                                                           verdict.get("outcome"))
+    if verdict.get("outcome") == "undecided":
+        text += f" at {verdict['num_sequences']}" + (f" (~{verdict['needed_sequences']} would decide)"
+                                                   if verdict.get("needed_sequences") else "")
+    cost = in_context_cost(run, base) if base is not None and run is not base else None
+    if cost is not None:
+        status = interval_check("", cost.value, cost.interval, "abs<=", IN_CONTEXT_REL_TOL, n=cost.n)["status"]
+        word = {"pass": "within", "miss": "outside", "undecided": "undecided against"}[status]
+        text += f"; [0,T) {cost.value:+.1%} {fmt_interval(cost.interval, '+.1%')} {word} {IN_CONTEXT_REL_TOL:.0%}"
+    return text
+
+
 def fixes_section(runs: Sequence[dict]) -> list[str]:
-    """Markdown lines: every run and fix with in-context loss, full - reset per bin past T, and the fixes' cost."""
+    """Markdown lines: every run and fix with in-context loss, full - reset per bin past T (with 95% intervals), its
+    verdict read on them, and the fixes' cost."""
     fixed = [r for r in runs if r.get("fix")]
     if not fixed:
         return []
     names = [b["name"] for b in _bins(runs[0])]
     far = names[1:]
+    by_label = {r["label"]: r for r in runs}
     lines = ["## Fixes that need no training", "",
              "Each fix is applied to a fresh copy of the run it names, calibrated on held-out sequences that are not "
              "the ones scored here, then evaluated like the runs. Cost: numbers the calibration chose, its wall "
-             "time and forward passes (post-training updates every weight for its steps).", "",
+             "time and forward passes (post-training updates every weight for its steps). Each full - reset cell "
+             "has its 95% paired-bootstrap interval over the held-out sequences; the verdict reads them "
+             "(fails / holds / between / undecided at n sequences), and a fix's in-context cost is against its base "
+             "(the 8% bar). A loss verdict cannot tell remembering from forgetting: the retrieval arbiter "
+             "(docs/evaluation.md) can.", "",
              "| run | kind | in-context loss " + names[0] + " | " + " | ".join(f"full - reset {n}" for n in far)
-             + " | calibrated numbers | calibration s | forward passes |",
-             "|---" * (6 + len(far)) + "|"]
+             + " | verdict | calibrated numbers | calibration s | forward passes |",
+             "|---" * (7 + len(far)) + "|"]
     for run in runs:
         fix = run.get("fix")
         rows = {b["name"]: b for b in _bins(run)}
         cells = [_fmt((rows.get(names[0]) or {}).get("loss"), ".3f")]
-        cells += [_fmt((rows.get(n) or {}).get("full_minus_reset"), "+.3f") for n in far]
+        cells += [_cell(rows.get(n), "full_minus_reset", "+.3f") for n in far]
+        cells.append(_verdict(run, by_label.get(fix["base"]) if fix else None))
         if fix:
             cal = fix.get("calibration") or {}
             cost = [str(fix.get("calibrated_parameters", "?")), _fmt(cal.get("seconds"), ".1f"),

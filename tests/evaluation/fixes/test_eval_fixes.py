@@ -73,6 +73,12 @@ def test_fixes_are_evaluated_beside_the_runs_and_calibrate_on_other_rows(checkpo
     assert "MambaExtend (Azizi et al., ICLR 2025" in section
     assert "calibrated by spsa (2 steps, 2 x 128 tokens)" in section
     assert "memory cap" in section
+    # Each cell with its interval over the 2 scored sequences, each row with its verdict read on them, and a fix's
+    # in-context cost against its base with the 8% bar.
+    row = next(line for line in section.splitlines() if line.startswith("| base+mambaextend |"))
+    assert row.count(" [") >= 3 and "; [0,T) " in row and ("within 8%" in row or "8%" in row)
+    # (an untrained nano model: its loss past T is no better than the unigram's)
+    assert "| does not use context; [0,T) " in row
 
 
 def test_one_fix_twice_under_two_keys_with_their_own_settings(checkpoints, tmp_path):
