@@ -5,7 +5,9 @@ bins [0,T), [T,2T), [2T,4T), ... (T = the training context; with bins="log" the 
 named in tokens, e.g. `{prefix}/ppl@[0128,0256)`), and two figures (perplexity by position over the
 log-spaced bins, full - reset) under `{prefix}/figures/`. Tag names are zero-padded so that they sort in
 position order (`[01T,02T)` ... `[16T,32T)`); full - reset of [0,T) (always 0) is not logged. The
-custom-scalars layout has one chart per bin, in which every run is a line.
+custom-scalars layout has one chart per bin, in which every run is a line. With the reset control and bins in
+multiples of T, each bin's 95% paired-bootstrap interval over the held-out sequences is logged too
+(`{prefix}/full_minus_reset_lo@...` and `_hi@...`: the steps-to-hold curve reads them from metrics.csv).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from recurlen.callbacks.diagnostic import (
 )
 
 from recurlen.diagnostics.bins import bin_summary, bin_sums, context_bins, log_bins
+from recurlen.diagnostics.intervals import paired_bootstrap
 from recurlen.diagnostics.plots import plot_full_minus_reset, plot_positionwise
 from recurlen.diagnostics.positionwise import POSITION_CONVENTION, evaluate_positionwise
 from recurlen.util.tensorboard import bin_width, sortable_bin
@@ -88,6 +91,9 @@ class PositionwisePerplexity(DiagnosticCallback):
         bins = ctx_bins + fine_bins
         names = ("nll", "count", "reset") if self.reset_control else ("nll", "count")
         local = {name: torch.zeros(len(bins), dtype=torch.float64) for name in names}
+        # Each sequence's full - reset per context bin, at its own row: the rows of other ranks stay 0, so the sum
+        # over ranks is the whole matrix (ranks share the sequences round-robin, rank_share).
+        local["per_sequence"] = torch.zeros(seqs_NL.shape[0], len(ctx_bins), dtype=torch.float64)
         share_NL = rank_share(seqs_NL, trainer)
         if share_NL.shape[0]:
             res = evaluate_positionwise(model, share_NL, train_len=train_len, chunk_len=chunk_len,
@@ -98,6 +104,8 @@ class PositionwisePerplexity(DiagnosticCallback):
             local["count"] = bin_sums(res.count_P(), bins)
             if self.reset_control:
                 local["reset"] = bin_sums(res.reset_nll_sum_P, bins)
+                local["per_sequence"][trainer.global_rank::trainer.world_size] = \
+                    res.seq_loss_NK - res.seq_reset_loss_NK
         totals = synced_sums(pl_module, local)
         rows = bin_summary(bins, totals["nll"], totals["count"], totals.get("reset"))
         ctx_rows, fine_rows = rows[:len(ctx_bins)], rows[len(ctx_bins):]
@@ -110,6 +118,13 @@ class PositionwisePerplexity(DiagnosticCallback):
             scalars[f"{self.prefix}/ppl@{name}"] = row["ppl"]
             if self.reset_control and row["end"] > train_len:  # within [0,T) the reset changes nothing: always 0
                 scalars[f"{self.prefix}/full_minus_reset@{name}"] = row["full_minus_reset"]
+        if self.reset_control and self.bins == "multiples" and seqs_NL.shape[0] >= 2:
+            lo_K, hi_K = paired_bootstrap(totals["per_sequence"].numpy())
+            for row, lo, hi in zip(ctx_rows, lo_K, hi_K):
+                if row["end"] > train_len:
+                    name = sortable_bin(row["name"], width)
+                    scalars[f"{self.prefix}/full_minus_reset_lo@{name}"] = float(lo)
+                    scalars[f"{self.prefix}/full_minus_reset_hi@{name}"] = float(hi)
         self.log_scalars(pl_module, scalars)
         if not self.tags:
             for category, charts in self.bin_layout(list(scalars)):

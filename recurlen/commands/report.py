@@ -202,7 +202,8 @@ def write_report(results: Sequence[str | os.PathLike], *, out_dir: str | os.Path
     if runs:
         lines += _evaluation_lines(runs, verdicts, checks, plots)
     curves = steps_to_hold(runs, out)
-    lines += steps_lines(curves) if curves else []
+    lines += steps_lines(curves, evaluated_sequences=(runs[0].get("positionwise") or {}).get("num_sequences")
+                         if runs else None) if curves else []
     lines += task_sections(tasks, out)
     lines += fixes_task_lines(tasks)
     if timings:

@@ -11,7 +11,12 @@ on), so the curve's steps are s + 1: the last point of a 750-step run is at 750.
 last validation of the run it starts from, when that validation is of the checkpoint it starts from (same step) on
 the same held-out data (same data and validation settings); otherwise the curve starts at the first validation.
 
-"Holds" is the report's verdict per bin: full - reset <= +0.05 as shown (3 decimals). The first step at which a
+"Holds" is the report's verdict per bin read on its interval: the upper end of full - reset's 95% paired-bootstrap
+interval over the run's validation sequences (data.val_sequences, logged beside each value as full_minus_reset_lo /
+_hi) at most +0.05 as shown (3 decimals); a point whose interval straddles the bar is undecided, not holding. A
+log without intervals (an older recurlen) is read on its values, and the section says so. The validation's sample
+is the run's own (often 4 or 8 sequences), not the evaluation's: the section names both, so that a verdict of the
+report (on the evaluation's sequences) and a point of this curve never disagree silently. The first step at which a
 bin holds is given beside its share of pre-training: the base's steps, or its tokens when one step of the two runs
 holds a different number of tokens (batch x context x accumulation x devices).
 """
@@ -35,7 +40,7 @@ FAR_BINS = ((8, 16), (16, 32))
 HOLDS = FLAT_TOL
 """full - reset at most this (nats/token, as shown with 3 decimals) holds: the report's verdict."""
 STEPS_PNG = "steps_to_hold.png"
-_TAG = re.compile(r"^val/full_minus_reset@\[0*(\d+)T,0*(\d+)T\)$")
+_TAG = re.compile(r"^val/full_minus_reset(?P<end>_lo|_hi)?@\[0*(\d+)T,0*(\d+)T\)$")
 VAL_DATA_KEYS = ("source", "hf_config", "split", "text_field", "id_field", "tokenizer", "seq_len", "seed",
                  "val_fraction", "val_length", "val_sequences", "val_mode", "max_documents")
 """The data settings that decide a run's validation sequences (and T): equal in both runs, the base's last
@@ -46,19 +51,30 @@ def bin_name(a: int, b: int) -> str:
     return f"[{a}T,{b}T)"
 
 
-def holds(value: float | None) -> bool:
-    return value is not None and math.isfinite(value) and float(format(value, ".3f")) <= HOLDS
+def holds(value: float | None, interval: Sequence[float] | None = None) -> bool:
+    """The bin holds: the upper end of its interval (the value where there is none) at most HOLDS as shown."""
+    top = value if interval is None else interval[1]
+    return top is not None and math.isfinite(top) and float(format(top, ".3f")) <= HOLDS
 
 
-def logged_curve(run: RunDir) -> dict[str, dict[int, float]]:
-    """full - reset per far bin at every validation of a run: {bin: {optimizer steps done: value}}."""
+def logged_curve(run: RunDir) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, list[float]]]]:
+    """full - reset per far bin at every validation of a run, and its interval where logged:
+    ({bin: {optimizer steps done: value}}, {bin: {step: [lo, hi]}})."""
     out: dict[str, dict[int, float]] = {bin_name(a, b): {} for a, b in FAR_BINS}
+    ends: dict[str, dict[int, dict[str, float]]] = {bin_name(a, b): {} for a, b in FAR_BINS}
     for row in read_metrics(run.metrics_file):
         for key, value in row.items():
             m = _TAG.match(key)
-            if m and (int(m.group(1)), int(m.group(2))) in FAR_BINS:
-                out[bin_name(int(m.group(1)), int(m.group(2)))][int(row["step"]) + 1] = value  # a resume: the last
-    return out
+            if not m or (int(m.group(2)), int(m.group(3))) not in FAR_BINS:
+                continue
+            name, step = bin_name(int(m.group(2)), int(m.group(3))), int(row["step"]) + 1  # a resume: the last
+            if m["end"]:
+                ends[name].setdefault(step, {})[m["end"]] = value
+            else:
+                out[name][step] = value
+    intervals = {b: {s: [e["_lo"], e["_hi"]] for s, e in steps.items() if "_lo" in e and "_hi" in e}
+                 for b, steps in ends.items()}
+    return out, intervals
 
 
 def _world(trainer: dict) -> int | None:
@@ -104,11 +120,12 @@ def run_curve(label: str, source: str) -> dict | None:
         return None
     cfg = run.read_config() or {}
     pretrained = (cfg.get("model") or {}).get("pretrained")
-    curve = logged_curve(run)
+    curve, intervals = logged_curve(run)
     if not pretrained or not any(curve.values()):
         return None
     entry = {"label": label, "run_dir": str(run.path), "intervention": (cfg.get("intervention") or {}).get("name"),
              "val_every_n_steps": (cfg.get("trainer") or {}).get("val_every_n_steps"), "base": str(pretrained),
+             "val_sequences": (cfg.get("data") or {}).get("val_sequences"),
              "base_at_step_0": False, "pretrain_steps": None, "pretrain_tokens": None,
              "posttrain_tokens_per_step": tokens_per_step(cfg), "fraction_basis": None}
     base = _base(str(pretrained))
@@ -119,16 +136,19 @@ def run_curve(label: str, source: str) -> dict | None:
         entry.update(pretrain_steps=steps, pretrain_tokens=None if steps is None or per_step is None
                      else steps * per_step)
         same_data = all((cfg.get("data") or {}).get(k) == (base_cfg.get("data") or {}).get(k) for k in VAL_DATA_KEYS)
-        base_curve = logged_curve(base_run)
+        base_curve, base_intervals = logged_curve(base_run)
         if steps is not None and same_data and all(steps in base_curve[b] for b in curve):
             for b in curve:
                 curve[b][0] = base_curve[b][steps]
+                if steps in base_intervals[b]:
+                    intervals[b][0] = base_intervals[b][steps]
             entry["base_at_step_0"] = True
         if steps:
             same = per_step is not None and per_step == entry["posttrain_tokens_per_step"]
             entry["fraction_basis"] = "steps" if same or entry["pretrain_tokens"] is None else "tokens"
     points = sorted({s for values in curve.values() for s in values})
-    entry["points"] = [{"step": s, **{b: curve[b].get(s) for b in curve}} for s in points]
+    entry["points"] = [{"step": s, **{b: curve[b].get(s) for b in curve},
+                        "intervals": {b: intervals[b][s] for b in curve if s in intervals[b]}} for s in points]
     entry.update(_first_steps(entry))
     return entry
 
@@ -137,8 +157,11 @@ def _first_steps(entry: dict) -> dict:
     """First step at which each bin (and both) holds; the step from which it holds at every later validation; their
     shares of pre-training."""
     names = [bin_name(a, b) for a, b in FAR_BINS]
-    ok = {b: [(p["step"], holds(p[b])) for p in entry["points"] if p[b] is not None] for b in names}
-    ok["both"] = [(p["step"], all(holds(p[b]) for b in names)) for p in entry["points"]
+    def held(p: dict, b: str) -> bool:
+        return holds(p[b], (p.get("intervals") or {}).get(b))
+
+    ok = {b: [(p["step"], held(p, b)) for p in entry["points"] if p[b] is not None] for b in names}
+    ok["both"] = [(p["step"], all(held(p, b) for b in names)) for p in entry["points"]
                   if all(p[b] is not None for b in names)]
     first = {b: next((s for s, h in seq if h), None) for b, seq in ok.items()}
     stays = {}
@@ -204,17 +227,39 @@ def _share(c: dict, b: str) -> str:
     return "-" if x is None else f"{x:.1%} of pre-training {c['fraction_basis']}"
 
 
-def steps_lines(curves: Sequence[dict]) -> list[str]:
-    """The report's section: the first step at which each far bin holds, then the curve itself."""
+def _every(c: dict) -> str:
+    n = c.get("val_every_n_steps")
+    return f"every {n} steps" if n else "at the end only (trainer.val_every_n_steps=0)"
+
+
+def _point(p: dict, b: str) -> str:
+    interval = (p.get("intervals") or {}).get(b)
+    return _f(p[b]) + ("" if interval is None else f" [{interval[0]:+.3f}, {interval[1]:+.3f}]")
+
+
+def steps_lines(curves: Sequence[dict], *, evaluated_sequences: int | None = None) -> list[str]:
+    """The report's section: the first step at which each far bin holds, then the curve itself, with the sample
+    each point stands on (the run's own validation sequences) beside the evaluation's."""
     names = [bin_name(a, b) for a, b in FAR_BINS]
+    samples = sorted({c.get("val_sequences") for c in curves if c.get("val_sequences")})
+    with_ci = all(p.get("intervals") for c in curves for p in c["points"])
+    sample = (f"Each point is the run's own validation on {' / '.join(map(str, samples)) or '?'} held-out sequences "
+              "(data.val_sequences)" + (f", not the {evaluated_sequences} this report's verdicts read"
+                                        if evaluated_sequences else "")
+              + (": its 95% paired-bootstrap interval follows it, and a bin holds where the upper end is at most "
+                 f"+{HOLDS:g}" if with_ci else
+                 ": the log has no intervals (an older recurlen), so a bin holds where its value is at most "
+                 f"+{HOLDS:g}")
+              + ". Where a point and a verdict disagree, the verdict's larger sample decides; the point's interval "
+                "says how far it can be trusted.")
     lines = ["## Post-training steps to hold", "",
-             f"full - reset in the far bins at every validation of each post-training run (its metrics.csv), against "
-             f"post-training steps; step 0 is the base's last validation where it is the same checkpoint on the same "
-             f"held-out data. A bin holds at full - reset <= +{HOLDS:g}. \"first\" is the first validation at which it "
-             "holds; \"from\" the step from which it holds at every later validation.", "",
+             "full - reset in the far bins at every validation of each post-training run (its metrics.csv), against "
+             "post-training steps; step 0 is the base's last validation where it is the same checkpoint on the same "
+             "held-out data. \"first\" is the first validation at which a bin holds; \"from\" the step from which it "
+             "holds at every later validation.", "", sample, "",
              f"![steps to hold]({STEPS_PNG})", "",
-             "| run | validated every | " + " | ".join(f"{b} first (share) | {b} from" for b in names)
-             + " | both first |", "|---" * (3 + 2 * len(names)) + "|"]
+             "| run | validated | sequences | " + " | ".join(f"{b} first (share) | {b} from" for b in names)
+             + " | both first |", "|---" * (4 + 2 * len(names)) + "|"]
     for c in curves:
         last = c["points"][-1]["step"] if c["points"] else 0
         never = f"not in {last}"
@@ -224,15 +269,15 @@ def steps_lines(curves: Sequence[dict]) -> list[str]:
             cells += [never if first is None else f"{first} ({_share(c, b)})",
                       never if c["holding_from_step"][b] is None else str(c["holding_from_step"][b])]
         both = c["first_holding_step"]["both"]
-        lines.append(f"| {c['label']} | {c.get('val_every_n_steps') or '?'} steps | " + " | ".join(cells)
+        lines.append(f"| {c['label']} | {_every(c)} | {c.get('val_sequences') or '?'} | " + " | ".join(cells)
                      + f" | {never if both is None else both} |")
-    lines += ["", "The curves (full - reset, nats/token):", ""]
+    lines += ["", "The curves (full - reset, nats/token" + (", with 95% intervals" if with_ci else "") + "):", ""]
     for c in curves:
         base = "" if c["base_at_step_0"] else " (no step 0: the base's last validation is not of the same checkpoint "
         base += "" if c["base_at_step_0"] else "on the same data)"
         lines += [f"{c['label']} ({c['pretrain_steps'] or '?'} pre-training steps){base}", "",
                   "| step | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-        lines += [f"| {p['step']} | " + " | ".join(_f(p[b]) for b in names) + " |" for p in c["points"]]
+        lines += [f"| {p['step']} | " + " | ".join(_point(p, b) for b in names) + " |" for p in c["points"]]
         lines.append("")
     return lines
 

@@ -38,6 +38,12 @@ def test_curve_is_the_runs_own_validation_log_with_the_base_at_step_0(runs):
         assert sorted(logged) == [2, 4, 6]  # a row logged at step s is the model after s + 1 steps: the last is 6
         assert [p[b] for p in c["points"][1:]] == [logged[s] for s in (2, 4, 6)]
         assert c["points"][0][b] == _logged(base, tag)[4]  # step 0: the base's validation of its last checkpoint
+        # Each value with its 95% interval over the validation's 2 sequences, logged beside it.
+        lo, hi = _logged(post, tag.replace("@", "_lo@")), _logged(post, tag.replace("@", "_hi@"))
+        for p in c["points"][1:]:
+            assert p["intervals"][b] == [lo[p["step"]], hi[p["step"]]]
+            assert lo[p["step"]] - 1e-9 <= p[b] <= hi[p["step"]] + 1e-9
+    assert c["val_sequences"] == 2
     assert c["posttrain_tokens_per_step"] == 4 * 16 and c["fraction_basis"] == "steps"
     assert steps_curves([{"label": "base", "source": str(base)}]) == []  # not a post-training run: no curve
 
@@ -46,6 +52,8 @@ def test_first_holding_step_reads_values_as_shown_and_its_share_of_pre_training(
     from recurlen.evaluation.steps_curve import _first_steps
 
     assert holds(0.0504) and not holds(0.0505) and holds(-1.0) and not holds(None) and not holds(float("nan"))
+    # With an interval, the upper end decides: a value under the bar whose interval reaches over it does not hold.
+    assert not holds(0.01, [-0.05, 0.08]) and holds(0.01, [-0.05, 0.0504])
     pts = [(0, 0.9, 1.5), (100, 0.06, 0.5), (200, 0.0504, 0.2), (300, 0.07, 0.04), (400, 0.01, 0.05)]
     entry = {"points": [{"step": s, "[8T,16T)": a, "[16T,32T)": b} for s, a, b in pts], "fraction_basis": "steps",
              "pretrain_steps": 2000, "pretrain_tokens": 2000 * 64, "posttrain_tokens_per_step": 64}
@@ -76,14 +84,20 @@ def test_the_report_plots_and_tables_the_curve(runs, tmp_path):
     png = tmp_path / "out" / "steps_to_hold.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     for p in c["points"]:
-        assert f"| {p['step']} | {p['[8T,16T)']:+.3f} | {p['[16T,32T)']:+.3f} |" in text
-    row = next(line for line in text.splitlines() if line.startswith("| sp | 2 steps |"))
+        ci = p["intervals"]["[8T,16T)"]
+        assert f"| {p['step']} | {p['[8T,16T)']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] | {p['[16T,32T)']:+.3f} [" in text
+    assert "Each point is the run's own validation on 2 held-out sequences (data.val_sequences), not the 2 this " \
+           "report's verdicts read: its 95% paired-bootstrap interval follows it" in text
+    row = next(line for line in text.splitlines() if line.startswith("| sp | every 2 steps | 2 |"))
     first = c["first_holding_step"]["[8T,16T)"]
     assert (f"| {first} ({first / 4:.1%} of pre-training steps) |" in row) if first is not None else "not in 6" in row
     merged = json.loads((tmp_path / "out" / "results.json").read_text())
     assert merged["steps_curve"][0]["points"] == c["points"]
     assert merged["steps_curve"][0]["first_holding_step"] == c["first_holding_step"]
     assert steps_lines([c])[0] == "## Post-training steps to hold"
+    # A run that validates only at its end says so; never "validated every ? steps".
+    end_only = "\n".join(steps_lines([{**c, "val_every_n_steps": 0}]))
+    assert "| sp | at the end only (trainer.val_every_n_steps=0) | 2 |" in end_only and "?" not in end_only
 
 
 @pytest.mark.parametrize("intervention", ["state_passing", "random_noise"])
