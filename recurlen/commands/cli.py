@@ -122,7 +122,11 @@ def cmd_finetune(w: Words) -> int:
             raise
         raise NonFinite(err.what, step=err.step, elsewhere=err.elsewhere, overrides=err.overrides,
                         advice=f"{err.advice}: {err.command('recurlen finetune', w.words)}") from None
-    log.info("run directory: %s (tensorboard --logdir %s)", run_dir, run_dir)
+    from recurlen.training.run_dir import RunDir
+    from recurlen.training.run_summary import finished_lines
+
+    for line in finished_lines(RunDir(run_dir)):  # the last lines: where it is, how it validated, what next
+        log.info(line)
     return 0
 
 

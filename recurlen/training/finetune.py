@@ -31,6 +31,7 @@ from recurlen.training.interventions import FittedNoise, build_intervention, fit
 from recurlen.training.lit_module import RecurlenModule
 from recurlen.training.loggers import build_loggers, check_installed
 from recurlen.training.lost_rank import RankWatch
+from recurlen.training.pace import Pace
 from recurlen.training.preemption import Preemption
 from recurlen.training.progress_bar import StepProgressBar
 from recurlen.training.resume import decide, record
@@ -161,14 +162,18 @@ def _devices(value: str):
     return [int(x) for x in value.split(",") if x.strip()]
 
 
-def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Callback]) -> L.Trainer:
+def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Callback], *,
+                  validates: bool = True) -> L.Trainer:
+    """validates=False: the run has nothing to validate on (no held-out segments, no diagnostics), and Lightning
+    runs no validation loop at all (an empty one would still be announced and drawn as a bar of 0 batches)."""
     t = cfg.trainer
     accum = t.accumulate_grad_batches
     every_val = t.val_every_n_steps if t.val_every_n_steps > 0 else t.max_steps
     every_ckpt = t.checkpoint_every_n_steps if t.checkpoint_every_n_steps > 0 else t.max_steps
     slurm = SLURMEnvironment.detect()
     callbacks = [RunCheckpoint(run.checkpoints, every_ckpt), RankSummary(run), ContinueMetricsFile(),
-                 Preemption(keep_slurm_requeue=slurm and t.slurm_auto_requeue), *extra_callbacks]
+                 Preemption(keep_slurm_requeue=slurm and t.slurm_auto_requeue),
+                 Pace(val_every_n_steps=t.val_every_n_steps, validates=validates), *extra_callbacks]
     fault = InjectNonFinite.from_env()  # only when a fault test asks for a non-finite value (recurlen.util.faults)
     if fault is not None:
         callbacks.append(fault)
@@ -182,7 +187,8 @@ def build_trainer(cfg: ExperimentConfig, run: RunDir, extra_callbacks: list[Call
         strategy=t.strategy, precision=_precision(t.precision), accumulate_grad_batches=accum,
         gradient_clip_val=None if _is_fsdp(t.strategy) else cfg.optim.grad_clip or None,
         val_check_interval=min(every_val, t.max_steps) * accum,
-        check_val_every_n_epoch=None, limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0,
+        check_val_every_n_epoch=None, limit_val_batches=t.limit_val_batches if validates else 0,
+        num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.progress_bar, deterministic=t.deterministic,
         logger=build_loggers(t.loggers, run, experiment=cfg.name),
         callbacks=callbacks, plugins=plugins, use_distributed_sampler=False, default_root_dir=str(run.path),
@@ -263,6 +269,7 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    corpus = datamodule is None  # the run's own held-out data (a task's DataModule validates on its own)
     if datamodule is None:
         datamodule = RecurlenDataModule(cfg.data)
         if rank == 0:  # a source that cannot be read is said now, not inside the Trainer after config.yaml
@@ -299,8 +306,9 @@ def _finetune(cfg: ExperimentConfig, run: RunDir, resolved: dict, *, rank: int, 
                                 total_steps=cfg.trainer.max_steps, hparams=resolved,
                                 head_loss=cfg.trainer.head_loss, compile=cfg.trainer.compile)
         health, watch = StepHealth(), RankWatch(run.path)
-        trainer = build_trainer(cfg, run, [*guard, health, watch, *extra, *diagnostics_callbacks(cfg, datamodule),
-                                           *callbacks])
+        diagnostics = diagnostics_callbacks(cfg, datamodule)
+        trainer = build_trainer(cfg, run, [*guard, health, watch, *extra, *diagnostics, *callbacks],
+                                validates=bool(diagnostics or callbacks) or not corpus or cfg.data.val_segments > 0)
         ckpt_path = decision.checkpoint
         if ckpt_path:
             rank_zero_info(f"resuming from {ckpt_path} (step {decision.step})")
