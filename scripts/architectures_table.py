@@ -35,7 +35,18 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from recurlen.commands.demo import DemoConfig, demo_architectures
-from recurlen.evaluation.evidence import FAILS_MARGIN, GENERALIZES_TOL, IN_CONTEXT_REL_TOL, shown
+from recurlen.commands.demo_seeds import seed_roots
+from recurlen.evaluation.evidence import (
+    FAILS_MARGIN,
+    GENERALIZES_TOL,
+    IN_CONTEXT_REL_TOL,
+    all_bins_check,
+    fmt_interval,
+    in_context_cost,
+    interval_status,
+    num_sequences,
+    shown,
+)
 from recurlen.models import registry
 from recurlen.util.errors import UserError
 
@@ -84,9 +95,8 @@ def far_bin(run: dict, name: str, key: str = "full_minus_reset") -> float | None
 
 def in_context_change(run: dict, base: dict) -> float | None:
     """[0,T) loss against the base's, as a fraction of the unrounded losses (as the demo's in-context check)."""
-    mine, theirs = (next((r.get("loss") for r in (x.get("positionwise") or {}).get("bins") or []
-                          if r["name"] == "[0,T)"), None) for x in (run, base))
-    return None if mine is None or not theirs else mine / theirs - 1.0
+    cost = in_context_cost(run, base)
+    return None if cost is None else cost.value
 
 
 def cell(run: dict | None, base: dict | None) -> str:
@@ -97,59 +107,100 @@ def cell(run: dict | None, base: dict | None) -> str:
     return text if change is None else f"{text} ({change:+.1%})"
 
 
-def holds(run: dict) -> str | None:
-    """How far a post-training holds: full - reset <= GENERALIZES_TOL in every bin from T up to 16T gives '16T', or
-    the evaluation's end where every later bin holds too; None where it does not hold to 16T."""
+def _row(run: dict, name: str) -> dict | None:
+    return next((r for r in (run.get("positionwise") or {}).get("bins") or []
+                 if r["name"] == name and r.get("full_minus_reset") is not None), None)
+
+
+def _status(row: dict | None, op: str, bar: float) -> str | None:
+    """The claim `full - reset op bar` of one bin read on its interval (its value without one): pass / miss /
+    undecided; None where the bin was not evaluated."""
+    return None if row is None else interval_status(op, bar, row["full_minus_reset"], row.get("full_minus_reset_ci"))
+
+
+def _with_ci(row: dict) -> str:
+    ci = fmt_interval(row.get("full_minus_reset_ci"))
+    return f"{row['full_minus_reset']:+.3f}" + (f" {ci}" if ci else "")
+
+
+def holds(run: dict) -> tuple[str, str] | None:
+    """How far a post-training holds, read on the intervals: ('16T' or the evaluation's end, 'pass') where the upper
+    ends stay at or under GENERALIZES_TOL in every bin from T (to the end where every later bin holds too),
+    ('16T', 'undecided') where an interval up to 16T straddles the bar, None where a bin up to 16T misses."""
     T = run["train_len"]
     past = [r for r in run["positionwise"]["bins"] if r["start"] >= T and r.get("full_minus_reset") is not None]
     upto16 = [r for r in past if r["end"] <= 16 * T]
-    if not (upto16 and all(shown(r["full_minus_reset"]) <= GENERALIZES_TOL for r in upto16)):
+    if not upto16:
         return None
-    held = [r for r in past if shown(r["full_minus_reset"]) <= GENERALIZES_TOL]
-    return f"{-(-past[-1]['end'] // T)}T" if len(held) == len(past) else "16T"
+    status = all_bins_check("", upto16, "<=", GENERALIZES_TOL)["status"]
+    if status == "miss":
+        return None
+    if status == "undecided":
+        return "16T", "undecided"
+    every = all_bins_check("", past, "<=", GENERALIZES_TOL)["status"] == "pass"
+    return (f"{-(-past[-1]['end'] // T)}T" if every else "16T"), "pass"
 
 
 def verdict(runs: dict[str, dict], control: tuple[str, dict[str, dict] | None] | None = None) -> str:
+    """The row's verdict, every claim read on its 95% interval over the held-out sequences (the point values where
+    a results file has none): a claim whose interval straddles its bar is said to be undecided, with the sample."""
     base = runs.get("base")
-    failed = None if base is None else far_bin(base, "[8T,16T)")
-    if failed is None:
+    row816 = None if base is None else _row(base, "[8T,16T)")
+    if row816 is None:
         return "no base with a [8T,16T) bin"
-    if failed <= GENERALIZES_TOL:
-        return f"does not fail (base {failed:+.3f} in [8T,16T))"
-    # Between the two bars the base is harmed, but not as much as the demo's check calls a failure.
-    word, bar = ("fails", FAILS_MARGIN) if failed >= FAILS_MARGIN else ("degrades", GENERALIZES_TOL)
-    late = far_bin(base, "[16T,32T)")
+    n = num_sequences(base)
+    sample = f" at {n} sequences" if row816.get("full_minus_reset_ci") and n else ""
+    fails = _status(row816, ">=", FAILS_MARGIN)
+    if fails == "undecided":
+        return f"undecided{sample}: base {_with_ci(row816)} in [8T,16T) straddles the {FAILS_MARGIN:+g} bar"
+    flat = _status(row816, "<=", GENERALIZES_TOL)
+    late_row = _row(base, "[16T,32T)")
+    late = _status(late_row, ">=", FAILS_MARGIN)
     # Under the bar in [8T,16T) (where the demo's check reads) but over it in [16T,32T): a failure that comes later.
-    fails_late = word == "degrades" and late is not None and late >= FAILS_MARGIN
-    if fails_late:
-        word = "fails"
+    fails_late = fails == "miss" and late == "pass"
+    if fails == "miss" and not fails_late and flat == "pass":
+        return f"does not fail (base {_with_ci(row816)} in [8T,16T))"
+    if fails == "miss" and not fails_late and flat == "undecided":
+        return f"does not fail or degrades, undecided{sample} (base {_with_ci(row816)} in [8T,16T))"
+    # Between the two bars the base is harmed, but not as much as the demo's check calls a failure.
+    word, bar = ("fails", FAILS_MARGIN) if fails == "pass" or fails_late else ("degrades", GENERALIZES_TOL)
     held = {name: holds(runs[name]) for name in FIXES if name in runs}
     held = {name: reach for name, reach in held.items() if reach}
     # A fix also keeps the [0,T) loss within the demo's 8% of the base's (its in-context check).
-    cost = {name: in_context_change(runs[name], base) for name in held}
-    fixed = {name: reach for name, reach in held.items() if cost[name] is not None
-             and abs(cost[name]) <= IN_CONTEXT_REL_TOL}
+    cost = {name: in_context_cost(runs[name], base) for name in held}
+    cost_status = {name: None if c is None else interval_status("abs<=", IN_CONTEXT_REL_TOL, c.value, c.interval)
+                   for name, c in cost.items()}
+    fixed = {name: reach for name, (reach, status) in held.items() if status == "pass" and cost_status[name] == "pass"}
+    open_ = {name: reach for name, (reach, status) in held.items() if name not in fixed and cost_status[name] != "miss"}
     fixed_text = ", ".join(f"{name} to {reach}" for name, reach in fixed.items())
+    open_text = ", ".join(f"{name} to {reach} undecided{sample} ({_open_reason(held[name][1], cost[name])})"
+                          for name, reach in open_.items())
     if word == "degrades":
-        text = f"degrades, below the {FAILS_MARGIN:+g} bar (base {failed:+.3f} in [8T,16T))"
+        text = f"degrades, below the {FAILS_MARGIN:+g} bar (base {_with_ci(row816)} in [8T,16T))"
         text += f"; held by {fixed_text}" if fixed else ""
     elif fails_late:
-        text = (f"fails past 16T (base {late:+.3f} in [16T,32T); {failed:+.3f} in [8T,16T), under the "
-                f"{FAILS_MARGIN:+g} bar there)")
-        text += f"; fixed: {fixed_text}" if fixed else "; not fixed"
+        text = (f"fails past 16T (base {_with_ci(late_row)} in [16T,32T); {_with_ci(row816)} in [8T,16T), under "
+                f"the {FAILS_MARGIN:+g} bar there)")
+        text += f"; fixed: {fixed_text}" if fixed else "" if open_ else "; not fixed"
     elif fixed:
         text = "fails and fixed: " + fixed_text
-    elif held:
-        text = ("fails, not fixed: " + ", ".join(f"{name} holds to {reach} but costs {cost[name]:+.1%}" for name, reach
-                                                in held.items()) + f" in context (over {IN_CONTEXT_REL_TOL:.0%})")
+    elif held and not open_:
+        text = ("fails, not fixed: " + ", ".join(f"{name} holds to {reach} but costs {_cost(cost[name])}"
+                                                for name, (reach, _) in held.items())
+                + f" in context (over {IN_CONTEXT_REL_TOL:.0%})")
+    elif open_:
+        text = "fails"
     else:
         tried = {name: far_bin(runs[name], "[8T,16T)") for name in FIXES if name in runs}
         tried = {k: v for k, v in tried.items() if v is not None}
         if not tried:
             return "fails; no fix was run"
+        failed = far_bin(base, "[8T,16T)")
         best = min(tried, key=tried.get)
         cut = 1.0 - tried[best] / failed
         text = f"fails, {'halved' if cut >= 0.5 else 'not fixed'} (best: {best}, [8T,16T) cut by {cut:.0%}; not fixed)"
+    if open_text:
+        text += f"; {open_text}"
     if control is not None:
         where, control_runs = control
         other = None if not control_runs or "base" not in control_runs else far_bin(control_runs["base"], "[8T,16T)")
@@ -160,6 +211,37 @@ def verdict(runs: dict[str, dict], control: tuple[str, dict[str, dict] | None] |
         else:
             text += f"; {word} without the setting too ({where}: base {other:+.3f} in [8T,16T))"
     return text
+
+
+def _open_reason(hold_status: str, cost) -> str:
+    if hold_status == "undecided":
+        return f"full - reset's interval reaches over +{GENERALIZES_TOL}"
+    return f"in-context cost {_cost(cost)} straddles {IN_CONTEXT_REL_TOL:.0%}" if cost is not None \
+        else "no in-context loss"
+
+
+def _cost(cost) -> str:
+    ci = fmt_interval(cost.interval, "+.1%")
+    return f"{cost.value:+.1%}" + (f" {ci}" if ci else "")
+
+
+def seeds_verdict(root: Path, runs: dict[str, dict]) -> str | None:
+    """With several seeds (a demo run with seeds=N: its results.json's "seeds"), each seed's verdict counted: the
+    base's failure and how far each fix holds."""
+    results = json.loads((root / "results.json").read_text()) if (root / "results.json").is_file() else {}
+    seeds = (results.get("seeds") or {}).get("seeds")
+    if not seeds or seeds < 2:
+        return None
+    per_seed = [runs] + [read_demo(r)[0] or {} for r in seed_roots(root, seeds)[1:]]
+    words = [verdict(r) for r in per_seed]
+    base = sum(w.startswith("fails") for w in words)
+    parts = [f"base fails {base}/{seeds}"]
+    for name in FIXES:
+        reaches = [holds(r[name]) if name in r else None for r in per_seed]
+        for reach in sorted({h[0] for h in reaches if h and h[1] == "pass"}):
+            parts.append(f"{name} holds to {reach} {sum(1 for h in reaches if h and h[1] == 'pass' and h[0] == reach)}"
+                         f"/{seeds}")
+    return f"{seeds} seeds: " + "; ".join(parts)
 
 
 def describe(setting: dict) -> str:
@@ -187,8 +269,9 @@ def rows(root: Path, *, quick: Sequence[str] = (), controls: dict[str, str] | No
             control_runs, control_setting = read_demo(root / controls[arch])
             control = (f"{controls[arch]}: {describe(control_setting)}", control_runs)
         base = runs.get("base")
+        counts = seeds_verdict(root / run_root, runs)
         out.append([titles[arch], label, describe(setting), *[cell(runs.get(name), base) for name in RUNS],
-                    verdict(runs, control)])
+                    verdict(runs, control) + (f" ({counts})" if counts else "")])
     return out
 
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from recurlen.commands.demo import DemoConfig, demo_architectures, demo_checks
 from recurlen.commands.report import write_report
 from recurlen.models import registry
-from tests.synthetic_results import positionwise_run
+from tests.synthetic_results import positionwise_run, with_sequences
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -127,6 +127,55 @@ def test_a_fix_must_hold_within_the_in_context_bar_and_a_small_cut_is_not_halved
     err = capsys.readouterr().err
     assert err.startswith("error: unknown architecture or malformed --control / --run ['no-such-arch']")
     assert err.count("\n") == 1
+
+
+def spread_run(label: str, loss0: float, far: dict[str, tuple[float, float]], *, seed: int = 0) -> dict:
+    """A 6-bin run with 32 sequences whose far bins have per-sequence full - reset of the given (mean, sd)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    diffs = {name: list(m + sd * rng.standard_normal(32)) for name, (m, sd) in far.items()}
+    return with_sequences(positionwise_run(label, {"[0,T)": loss0}), diffs,
+                          context=list(loss0 + 0.05 * rng.standard_normal(32)))
+
+
+def interval_demo(root: Path, arch: str, runs: list[dict], *, seeds: int = 1) -> Path:
+    """A demo run root (seed 0) from run entries that keep per-sequence scores; with seeds, its results.json says so."""
+    out = root / DemoConfig(arch=arch).run_root
+    (out / "eval").mkdir(parents=True)
+    (out / "eval" / "results.json").write_text(json.dumps({"format": "recurlen.eval/1", "runs": runs}))
+    write_report([out / "eval"], out_dir=out, checks=demo_checks, extra={"seeds": {"seeds": seeds}})
+    (out / "pretrain").mkdir()
+    OmegaConf.save(OmegaConf.create({"model": {"architecture": arch, **demo_model(arch)}}),
+                   out / "pretrain" / "config.yaml")
+    return out
+
+
+def test_the_verdict_reads_intervals_and_counts_seeds(tmp_path):
+    arch = demo_architectures()[0]
+    # The base's [8T,16T) interval straddles the +0.3 bar: undecided, with its sample.
+    interval_demo(tmp_path / "a", arch, [spread_run("base", 2.0, {"[8T,16T)": (0.29, 0.4)})])
+    verdict = architectures_table.rows(tmp_path / "a")[0][8]
+    assert verdict.startswith("undecided at 32 sequences: base +0.")
+    assert verdict.endswith("] in [8T,16T) straddles the +0.3 bar")
+    # A fix that holds on its mean but whose interval reaches over +0.05 is not called fixed.
+    runs = [spread_run("base", 2.0, {"[8T,16T)": (0.8, 0.1), "[16T,32T)": (1.0, 0.1)}),
+            spread_run("tbptt", 2.01, {"[8T,16T)": (0.02, 0.2)}, seed=1)]
+    interval_demo(tmp_path / "b", arch, runs)
+    verdict = architectures_table.rows(tmp_path / "b")[0][8]
+    assert verdict.startswith("fails; tbptt to 16T undecided at 32 sequences (full - reset's interval reaches over "
+                              "+0.05)"), verdict
+    # Three seeds: each seed's verdict counted.
+    runs = [spread_run("base", 2.0, {"[8T,16T)": (0.8, 0.1)}), spread_run("tbptt", 2.01, {}, seed=1)]
+    out = interval_demo(tmp_path / "c", arch, runs, seeds=3)
+    for k, base in ((1, 0.7), (2, 0.1)):
+        seed_root = out / "seeds" / str(k) / "eval"
+        seed_root.mkdir(parents=True)
+        seed_runs = [spread_run("base", 2.0, {"[8T,16T)": (base, 0.05)}, seed=k), spread_run("tbptt", 2.0, {})]
+        (seed_root / "results.json").write_text(json.dumps({"runs": seed_runs}))
+        write_report([seed_root], out_dir=seed_root.parent, checks=demo_checks)
+    verdict = architectures_table.rows(tmp_path / "c")[0][8]
+    assert verdict == "fails and fixed: tbptt to 32T (3 seeds: base fails 2/3; tbptt holds to 32T 3/3)", verdict
 
 
 def docs_section() -> tuple[list[str], list[str]]:
