@@ -51,8 +51,9 @@ DEMO_NOTE := $(if $(DEMO_ROOT),the $(DEMO_ROOT) demo's$(if $(word 2,$(FINISHED_D
 # tiny model, and the run trains one from scratch in runs/finetune/tiny-INTERVENTION (its plan and log say so).
 DEMO_BASE := $(if $(DEMO_ROOT),$(DEMO_ROOT)/pretrain/checkpoints/last.ckpt)
 TINY_BASE := $(if $(filter tiny,$(MODEL)),$(DEMO_BASE))
-# make eval without RUNS=: that demo's base and its none / state_passing / tbptt runs (both demos have them).
-DEMO_EVAL_RUNS := $(if $(DEMO_ROOT),$(DEMO_ROOT)/pretrain $(addprefix $(DEMO_ROOT)/post/,none state_passing tbptt))
+# make eval without RUNS=: that demo's base and its none / state_passing / tbptt runs (both demos have them), the
+# base labelled "base" as the demo's own report labels it.
+DEMO_EVAL_RUNS := $(if $(DEMO_ROOT),base=$(DEMO_ROOT)/pretrain $(addprefix $(DEMO_ROOT)/post/,none state_passing tbptt))
 # make finetune VAR=... -> recurlen finetune overrides (only the ones given).
 FINETUNE_ARGS := $(if $(TINY_BASE),experiment=demo-posttrain model.pretrained=$(TINY_BASE) \
 	$(if $(RUN),,run_dir=runs/finetune/tiny-$(notdir $(DEMO_ROOT))-$(INTERVENTION)),model=$(MODEL)) \
@@ -114,7 +115,8 @@ fit-noise: $(STAMP) ## fit fitted-noise statistics: MODEL= [DATA= ARGS=]
 	$(PY) -m recurlen fit-noise model=$(MODEL) intervention=fitted_noise $(if $(DATA),data=$(DATA)) $(ARGS)
 
 eval: $(STAMP) ## evaluate RUNS="dir dir ..." (default: the demo's runs, runs/demo or runs/demo-quick) to OUT= (position-wise, reset control, state norms, EffRem)
-	$(if $(RUNS),,$(if $(DEMO_ROOT),@echo "make eval: $(DEMO_NOTE) runs: $(DEMO_EVAL_RUNS)",\
+	$(if $(RUNS),,$(if $(DEMO_ROOT),@echo "make eval: no RUNS= given: this evaluates $(DEMO_NOTE) runs and not \
+	a run you post-trained (make eval RUNS=<its run directory> evaluates that one): $(DEMO_EVAL_RUNS)",\
 	@echo "make eval: no demo runs to evaluate (make demo writes runs/demo, make demo QUICK=1 runs/demo-quick); \
 	run one, or name runs with RUNS='dir dir ...'" >&2; exit 2))
 	$(PY) -m recurlen eval $(or $(RUNS),$(DEMO_EVAL_RUNS)) --out $(OUT) $(ARGS)

@@ -45,9 +45,13 @@ def test_finetune_and_eval_use_the_quick_demo_when_it_is_the_one_that_ran(tmp_pa
                                   "run_dir=runs/finetune/tiny-demo-quick-tbptt", "intervention=tbptt"]
     out = make(tmp_path, "eval").stdout
     quick = tmp_path / "runs" / "demo-quick"
-    assert recurlen_line(out)[:5] == ["eval", f"{quick}/pretrain", f"{quick}/post/none",
+    # The base is labelled "base", as in the demo's own report (it was "pretrain", its directory's name).
+    assert recurlen_line(out)[:5] == ["eval", f"base={quick}/pretrain", f"{quick}/post/none",
                                       f"{quick}/post/state_passing", f"{quick}/post/tbptt"]
-    assert f"make eval: the {quick} demo's runs" in out
+    # Its first line says whose runs these are: not the run `make finetune` just trained.
+    first = make(tmp_path, "eval", "ARGS=--dry-run", dry=False).stdout.splitlines()[0]
+    assert first.startswith(f"make eval: no RUNS= given: this evaluates the {quick} demo's runs and not a run you "
+                            "post-trained (make eval RUNS=<its run directory> evaluates that one): "), first
 
 
 def test_the_full_demo_comes_first_and_a_stopped_one_is_not_used(tmp_path):
@@ -60,7 +64,7 @@ def test_the_full_demo_comes_first_and_a_stopped_one_is_not_used(tmp_path):
     assert f"model.pretrained={full}/pretrain/checkpoints/last.ckpt" in recurlen_line(out)
     assert "run_dir=runs/finetune/tiny-demo-tbptt" in recurlen_line(out)
     assert f"(the full demo's first; {tmp_path / 'runs' / 'demo-quick'} is not used)" in out
-    assert recurlen_line(make(tmp_path, "eval").stdout)[1] == f"{full}/pretrain"
+    assert recurlen_line(make(tmp_path, "eval").stdout)[1] == f"base={full}/pretrain"
 
 
 def test_without_a_demo_finetune_trains_from_scratch_and_eval_says_what_to_run(tmp_path):
