@@ -32,6 +32,7 @@ RUN ?=
 ARCH ?=
 RUNS ?=
 QUICK ?=
+SEEDS ?=
 OUT ?= runs/eval
 FORMAT ?= official
 ARGS ?=
@@ -66,7 +67,7 @@ FINETUNE_ARGS := $(if $(TINY_BASE),experiment=demo-posttrain model.pretrained=$(
 
 help: ## list the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "  variables: QUICK= ARCH= MODEL=$(MODEL) INTERVENTION=$(INTERVENTION) DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS='a.b=c'"
+	@echo "  variables: QUICK= ARCH= SEEDS= MODEL=$(MODEL) INTERVENTION=$(INTERVENTION) DATA= STEPS= GPUS= NODES= STRATEGY= RUN= ARGS='a.b=c'"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -83,8 +84,9 @@ $(KERNELS_STAMP): $(STAMP)
 
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
 
-demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (QUICK=1: the short form, runs/demo-quick; ARCH=<architecture>: its tiny model's demo)
-	$(PY) -m recurlen demo $(if $(filter-out 0,$(QUICK)),quick=true) $(if $(ARCH),arch=$(ARCH)) $(ARGS)
+demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (QUICK=1: the short form, runs/demo-quick; ARCH=<architecture>: its tiny model's demo; SEEDS=N: N seeds, verdicts counted over them)
+	$(PY) -m recurlen demo $(if $(filter-out 0,$(QUICK)),quick=true) $(if $(ARCH),arch=$(ARCH)) \
+		$(if $(SEEDS),seeds=$(SEEDS)) $(ARGS)
 
 test: $(STAMP) ## run the default (CPU) test suite
 	$(PY) -m pytest -q

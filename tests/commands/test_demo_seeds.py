@@ -65,3 +65,13 @@ def test_seeds_scored_on_other_sequences_are_refused(tmp_path):
         seeds_summary(roots, checks=demo_checks)
     with pytest.raises(UserError, match="has no evaluation"):
         seeds_summary(seed_roots(tmp_path / "missing", 2), checks=demo_checks)
+
+
+def test_make_demo_seeds_passes_seeds_to_the_demo():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["make", "-n", "demo", "SEEDS=3"], cwd=root, capture_output=True, text=True, timeout=60)
+    assert "seeds=3" in out.stdout, out.stdout
+    plain = subprocess.run(["make", "-n", "demo"], cwd=root, capture_output=True, text=True, timeout=60)
+    assert "seeds=" not in plain.stdout, plain.stdout
