@@ -57,6 +57,8 @@ def evaluate_niah(model: RecurrentLM, tokenizer: Tokenizer, cfg: NiahConfig, *, 
         scores = [score_niah(t, p.sample.expected, p.sample.kind) for t, p in zip(texts, prompts)]
         cells.append({"task": task, "length": length, "depth": depth, "trials": trials,
                       "accuracy": float(np.mean(scores)), "all_correct": int(sum(s == 1.0 for s in scores)),
+                      # trial by trial (the fraction of the values recalled): anyone can recompute an interval
+                      "scores": [float(s) for s in scores],
                       "examples": [{"expected": p.sample.expected, "output": t} for p, t in zip(prompts[:3], texts)]})
         log.info("niah %s L=%d depth=%.2f: accuracy %.3f (%d/%d fully right)", task, length, depth,
                  cells[-1]["accuracy"], cells[-1]["all_correct"], trials)

@@ -153,6 +153,9 @@ def test_tiny_niah_run_writes_results_heatmap_and_report(tmp_path, run_tiny_task
     assert res["format"] == "recurlen.tasks.niah/1" and res["train_len"] == 400 and res["haystack"] == "heldout"
     assert res["tasks"] == ["single_number", "multivalue"] and res["lengths"] == [400, 520]
     assert len(res["cells"]) == 8 and all(c["trials"] == 2 and 0 <= c["all_correct"] <= 2 for c in res["cells"])
+    for c in res["cells"]:  # each trial's score is kept: the cell's accuracy is their mean
+        assert len(c["scores"]) == 2 and c["accuracy"] == pytest.approx(sum(c["scores"]) / 2)
+        assert c["all_correct"] == sum(s == 1.0 for s in c["scores"])
     assert np.array(res["accuracy"]["multivalue"]).shape == (2, 2)  # depth x length
     cell = next(c for c in res["cells"] if c["task"] == "multivalue" and c["length"] == 520 and c["depth"] == 1.0)
     assert res["accuracy"]["multivalue"][1][1] == cell["accuracy"]
