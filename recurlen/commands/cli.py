@@ -315,7 +315,10 @@ def cmd_demo(w: Words) -> int:
     if w.dry_run:
         return _dry(plan)
     root = run_demo(cfg)
-    _out((root / "report.md").read_text())  # the demo's output is its report
+    from recurlen.commands.demo_summary import closing_lines
+
+    # The verdicts, where the report is and what to run next: the report's ~150 lines stay in report.md.
+    _out("\n".join(closing_lines(root, quick=cfg.quick, interventions=cfg.interventions)))
     return 0
 
 

@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from recurlen.commands.demo_markers import DONE_MARKER, marker_matches, stage_done, stage_inputs
-from recurlen.commands.demo_progress import REFERENCE, DemoProgress
+from recurlen.commands.demo_progress import REFERENCE, DemoProgress, start_slowdown
 from recurlen.commands.demo_seeds import seed_overrides, seed_roots, seeds_lines, seeds_summary
 from recurlen.commands.report import base_run, threshold_check, write_report
 from recurlen.evaluation.evidence import (
@@ -194,8 +194,7 @@ def demo_plan(cfg: DemoConfig) -> list[str]:
              *([f"  seeds        {cfg.seeds}: stages 1-3 once per seed, seed 0 in {root}, seed k in "
                 f"{root / 'seeds'}/k (seed=k data.seed=k), all evaluated on the same held-out sequences"]
                if cfg.seeds > 1 else []),
-             f"  time         about {_minutes(cfg.seeds * _progress(cfg, disable=True).first_estimate)} on "
-             f"{REFERENCE.machine} (measured stage costs; the bar rescales them to this machine as it runs)"]
+             f"  time         {_time_estimate(cfg, _progress(cfg, disable=True), times=cfg.seeds)}"]
     return lines
 
 
@@ -405,8 +404,7 @@ def _run_demo(cfg: DemoConfig) -> Path:
     # documents cannot supply stops the demo here, not after its training stages.
     eval_sequences = _prepare_data(cfg)
     progress = _progress(cfg)
-    log.info("demo: about %s on %s (the stages' measured costs; the bar rescales them to this machine's speed as "
-             "the stages report their steps)", _minutes(progress.first_estimate), REFERENCE.machine)
+    log.info("demo: %s", _time_estimate(cfg, progress))
     pre_steps, post_steps = planned_steps(cfg)
     pretrain_dir = root / "pretrain"
 
@@ -469,8 +467,17 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+def _time_estimate(cfg: DemoConfig, progress: DemoProgress, *, times: int = 1) -> str:
+    """The first estimate as the plan and the demo's first line give it: the reference costs, scaled by the load
+    this machine has now (demo_progress.start_slowdown)."""
+    load = progress.start_slowdown.describe() if progress.start_slowdown is not None else "priced as idle"
+    return (f"about {_minutes(times * progress.first_estimate)}: the stages' costs measured on {REFERENCE.machine}, "
+            f"{load} (the bar rescales them to this machine's speed as the stages report their steps)")
+
+
 def _progress(cfg: DemoConfig, *, disable: bool = False) -> DemoProgress:
-    """The demo's bar, its stages priced from the reference costs (recurlen.commands.demo_progress)."""
+    """The demo's bar, its stages priced from the reference costs and the load at the start
+    (recurlen.commands.demo_progress)."""
     from recurlen.diagnostics.effrem import default_t_grid, suffix_tokens
 
     pre_steps, post_steps = planned_steps(cfg)
@@ -482,7 +489,8 @@ def _progress(cfg: DemoConfig, *, disable: bool = False) -> DemoProgress:
     return DemoProgress(pretrain_steps=pre_steps, post_steps=post_steps, interventions=list(cfg.interventions),
                         parallel=cfg.parallel, eval_models=1 + len(cfg.interventions),
                         eval_tokens=ev.num_sequences * ev.length, effrem_tokens=effrem,
-                        eval_label=f"eval ({', '.join(parts)})", arch=cfg.arch, disable=disable)
+                        eval_label=f"eval ({', '.join(parts)})", arch=cfg.arch, disable=disable,
+                        slowdown=start_slowdown(stage_threads(cfg)))
 
 
 def planned_steps(cfg: DemoConfig) -> tuple[int, int]:

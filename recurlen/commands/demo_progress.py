@@ -8,6 +8,10 @@ checkpoint); the plan's stages are priced from that table, scaled by their steps
 (steps reported by the stages' bars, phases completed) is compared with the wall time it took: this machine's speed
 relative to the reference, by which the remaining reference cost is scaled. Post-trainings that run side by side
 are priced as a schedule on `parallel` workers (what is left of the longest worker), not as a sum.
+
+Before any work is done the speed is not measured yet: the first estimate is the reference cost scaled by the load
+this machine has at the start (start_slowdown: the demo's threads share the cores with the processes already
+running), so that a busy machine is not promised an idle one's time.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tqdm import tqdm
+
+from recurlen.util.threads import load_average, usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +125,46 @@ def _demo_cost(arch: str) -> float:
     return registry.get(arch).demo_cost if arch in registry.architectures() else 1.0
 
 
+@dataclass(frozen=True)
+class Slowdown:
+    """How much slower than on the reference's idle cores the demo should run here, judged at its start."""
+
+    factor: float
+    """>= 1: wall seconds here per reference second."""
+    load: float | None
+    """The one-minute load average at the start (None where it cannot be read)."""
+    cpus: int
+    threads: int
+
+    def describe(self) -> str:
+        """What the estimate line says of it."""
+        if self.load is None:
+            return "the load average cannot be read here: priced as idle"
+        return (f"x{self.factor:.1f} for this machine's load at the start: load average {self.load:.1f} on {self.cpus} "
+                f"cores, with the demo's {self.threads} threads")
+
+
+def start_slowdown(threads: int, *, load: float | None = None, cpus: int | None = None) -> Slowdown:
+    """The demo's `threads` share the `cpus` cores with the `load` runnable processes already there (the one-minute
+    load average, os.getloadavg; read here when not given): each thread gets cpus / (load + threads) of a core when
+    that is less than one, so the stages take (load + threads) / cpus times their reference cost (never less: the
+    reference ran on idle cores, and this machine's cores may be no faster)."""
+    cpus = cpus if cpus is not None else usable_cpus()
+    load = load if load is not None else load_average()
+    if load is None:
+        return Slowdown(1.0, None, cpus, threads)
+    return Slowdown(max(1.0, (load + threads) / max(cpus, 1)), load, cpus, threads)
+
+
 class DemoProgress:
     """The demo's bar: `demo: 23%|██  | [01:20<04:30] pretrain 600/2000` (see the module docstring)."""
 
     def __init__(self, *, pretrain_steps: int, post_steps: int, interventions: list[str], parallel: int,
                  eval_models: int, eval_tokens: int, effrem_tokens: int, eval_label: str = "eval", arch: str = "mamba2",
                  reference: Reference = REFERENCE, refresh_s: float = 1.0, disable: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """refresh_s: seconds between redraws while no stage reports (0: only on reports); clock: the time source."""
+                 clock: Callable[[], float] = time.monotonic, slowdown: Slowdown | None = None) -> None:
+        """refresh_s: seconds between redraws while no stage reports (0: only on reports); clock: the time source;
+        slowdown: this machine against the reference until its speed is measured (start_slowdown; None: as idle)."""
         scale = _demo_cost(arch)
         ref = reference
 
@@ -146,7 +184,10 @@ class DemoProgress:
         self.planned = self._remaining(self.start, None)
         """Reference seconds of the work this run does: the plan less what turned out done already (reused
         stages, steps trained before a resume)."""
-        self.first_estimate = self.planned
+        self.start_slowdown = slowdown
+        self.slowdown = slowdown.factor if slowdown is not None else 1.0
+        self.first_estimate = self.planned * self.slowdown
+        """Wall seconds on this machine, priced from the reference and the load at the start."""
         self._mark = (0.0, 0.0)  # (wall seconds, reference seconds done) when work was last seen to be done
         self.bar = tqdm(total=1000, desc="demo", dynamic_ncols=True, disable=disable,
                         bar_format=BAR_FORMAT)
@@ -210,10 +251,11 @@ class DemoProgress:
         self._mark = (now - self.start, self.planned - self._remaining(now, None))
 
     def speed(self) -> float:
-        """Wall seconds per reference second, measured where work was last seen done (1.0 until there is enough
-        of it to tell). Post-trainings side by side count once: done work is what the schedule has shrunk by."""
+        """Wall seconds per reference second, measured where work was last seen done (the slowdown judged from the
+        load at the start until there is enough of it to tell). Post-trainings side by side count once: done work
+        is what the schedule has shrunk by."""
         wall, done = self._mark
-        return wall / done if done >= 2.0 and wall > 0 else 1.0
+        return wall / done if done >= 2.0 and wall > 0 else self.slowdown
 
     def _remaining(self, now: float, speed: float | None) -> float:
         running = [s.remaining(now, speed) for s in self.posts.values() if s.state not in ("queued", "done", "reused")]
@@ -260,4 +302,4 @@ class DemoProgress:
             self._draw()
 
 
-__all__ = ["REFERENCE", "DemoProgress", "Reference", "StageCost", "makespan"]
+__all__ = ["REFERENCE", "DemoProgress", "Reference", "Slowdown", "StageCost", "makespan", "start_slowdown"]

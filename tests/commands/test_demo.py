@@ -33,7 +33,8 @@ def test_quick_demo_writes_every_artefact_and_reuses_finished_stages(tmp_path):
     root, cache = tmp_path / "demo", tmp_path / "cache"
     proc = run_demo_cli(root, cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "# recurlen report" in proc.stdout  # the report is the demo's output
+    # The demo ends with its verdicts, where the report is and what to run next (recurlen.commands.demo_summary).
+    assert "recurlen demo: done" in proc.stdout and "# recurlen report" not in proc.stdout
 
     for name in ["report.md", "results.json", "demo_config.yaml", "loss_by_position.png", "ppl_by_position.png",
                  "full_minus_reset.png", "state_by_position.png", "effrem.png", "eval/results.json"]:

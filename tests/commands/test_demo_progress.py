@@ -114,3 +114,38 @@ def test_the_bar_shows_elapsed_and_left_and_what_runs():
     line = str(bar.bar)
     assert "[00:10<" in line and "pretrain 100/1000" in line and "?" not in line, line
     bar.close(finished=False)
+
+
+def test_the_first_estimate_is_priced_from_the_load_at_the_start():
+    from recurlen.commands.demo_progress import start_slowdown
+
+    # The demo's threads share the cores with the runnable processes already there; never faster than idle.
+    assert start_slowdown(2, load=0.3, cpus=2).factor == 1.15
+    assert start_slowdown(2, load=0.0, cpus=2).factor == 1.0
+    assert start_slowdown(2, load=6.0, cpus=2).factor == 4.0
+    assert start_slowdown(2, load=1.0, cpus=16).factor == 1.0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("recurlen.commands.demo_progress.load_average", lambda: None)
+        assert start_slowdown(2, cpus=2).factor == 1.0  # the load cannot be read here: priced as idle
+    clock = Clock()
+    busy = progress(clock, slowdown=start_slowdown(2, load=6.0, cpus=2))
+    assert busy.first_estimate == pytest.approx(4 * (115 + 40 + 40))  # it was the idle cores' 195 s at any load
+    assert busy.estimate()[2] == pytest.approx(4 * (115 + 40 + 40))  # the bar's time left agrees until measured
+    busy.stage_started("pretrain")  # then the speed measured here takes over
+    clock.now += 20.0
+    busy.on_step("pretrain", 0, 1000)
+    clock.now += 60.0
+    busy.on_step("pretrain", 300, 1000)  # 5 + 30 reference seconds done in 80 wall seconds
+    assert busy.speed() == pytest.approx(80 / 35)
+
+
+def test_the_demo_s_estimate_line_says_the_load_it_was_priced_from(monkeypatch):
+    import recurlen.commands.demo_progress as demo_progress
+    from recurlen.commands.demo import demo_plan, load_demo_config
+
+    monkeypatch.setattr(demo_progress, "load_average", lambda: 6.0)
+    monkeypatch.setattr(demo_progress, "usable_cpus", lambda: 2)
+    plan = demo_plan(load_demo_config(["quick=true"]))
+    time_line = next(line for line in plan if line.strip().startswith("time"))
+    assert "x4.0 for this machine's load at the start: load average 6.0 on 2 cores, with the demo's 2 threads" \
+        in time_line, time_line
