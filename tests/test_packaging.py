@@ -127,3 +127,17 @@ def test_citation_names_this_version_and_the_paper():
     assert [a["family-names"] for a in paper["authors"]] == ["Buitrago Ruiz", "Gu"] and paper["year"] == 2025
     assert paper["doi"] == "10.48550/arXiv.2507.02782" and "2507.02782" in (REPO / "README.md").read_text()
     assert "ICML 2025" in paper["conference"]["name"]
+
+
+def test_no_page_tells_the_user_to_install_a_dependency_by_hand():
+    """A package in pyproject.toml's dependencies comes with recurlen: a doc that says `pip install` it sends a new
+    user on a step that does nothing (zstandard, for .zst sources, was such a line)."""
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    told = [(page.name, line.strip()) for page in pages for line in page.read_text().splitlines()
+            for m in re.finditer(r"pip install ([A-Za-z0-9_.\-]+)", line)
+            if m.group(1).lower().replace("_", "-") in names]
+    assert not told, told
