@@ -11,6 +11,11 @@ than STALE_AFTER_S), one of a live holder is refused. The record is what protect
 shared between machines (NFS mounted `nolock` / `local_lock`, Lustre `localflock`): see docs/faults.md.
 Both files are removed when the lock is released: on every return or exception, and on SIGTERM / SIGHUP /
 SIGUSR1 before the process ends the way the signal ends it.
+
+A lock is its process's, never a forked child's: the child inherits the record of held locks and the signal handlers,
+and a child stopped with SIGTERM used to release the parent's lock on its way out (its files removed while the parent
+wrote on; a second run then started beside it). After a fork the child forgets every lock and gets its signals' earlier
+handlers back (os.register_at_fork), and a lock acts only in the process that took it.
 """
 
 from __future__ import annotations
@@ -117,6 +122,8 @@ class WriterLock:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._signals: dict[int, object] = {}
+        self._pid = os.getpid()
+        """The process that took it: only that one writes its record, removes its files or releases its flock."""
 
     # ----- acquire / release -----
     def acquire(self) -> WriterLock:
@@ -151,6 +158,7 @@ class WriterLock:
         except BaseException:
             self._release_files()
             raise
+        self._pid = os.getpid()
         self._beat = threading.Thread(target=self._heartbeat, name=f"writer-lock {self.directory}", daemon=True)
         self._beat.start()
         self._catch_signals()
@@ -158,7 +166,7 @@ class WriterLock:
         return self
 
     def release(self) -> None:
-        if self._flock is None:
+        if self._flock is None or os.getpid() != self._pid:
             return
         _HELD.pop(_key(self.directory), None)
         self._restore_signals()
@@ -260,9 +268,21 @@ class WriterLock:
         self._signals = {}
 
     def _on_signal(self, signum: int, frame) -> None:
-        release_all()
+        if os.getpid() == self._pid:  # a forked child that kept this handler (another one calls it) ends untouched
+            release_all()
         signal.signal(signum, signal.SIG_DFL)  # then end the way the signal ends a process (exit status 128 + n)
         os.kill(os.getpid(), signum)
+
+    def _disown(self) -> None:
+        """In a forked child: this is the parent's lock. The child's signals get their earlier handlers back, and
+        the child never writes the record, removes the files or releases the flock (the flock belongs to the open
+        file the two share: releasing it in the child releases it for the parent). Nothing here waits on a lock a
+        parent's thread may have held at the fork (the heartbeat's event is left alone)."""
+        for signum, handler in self._signals.items():
+            with contextlib.suppress(ValueError, OSError):  # ValueError: not the child's main thread
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, handler)
+        self._signals, self._beat = {}, None
 
 
 def _key(directory: Path) -> str:
@@ -280,6 +300,18 @@ def release_all() -> None:
     """Release every lock this process holds (a signal is about to end it)."""
     for lock in list(_HELD.values()):
         lock.release()
+
+
+def _forget_in_child() -> None:
+    """os.fork's child (a multiprocessing or DataLoader worker, a pool's process): it holds none of its parent's
+    locks (WriterLock._disown)."""
+    for lock in list(_HELD.values()):
+        lock._disown()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def refusal(directory: str | os.PathLike, *, advice: str = "") -> LockHeld | None:

@@ -127,3 +127,49 @@ def test_a_nested_hold_reuses_the_lock_and_a_file_in_the_path_is_one_line(tmp_pa
     with pytest.raises(UserError, match=f"cannot write {tmp_path}/f/run/writer.lock: {tmp_path}/f is a file, not a "
                                         "directory; choose another run_dir"):
         WriterLock(tmp_path / "f" / "run").acquire()
+
+
+def _in_child(act) -> int:
+    """Fork; the child runs `act()` and ends (by a signal `act` sends itself, or with exit status 0, or 1 when `act`
+    raised); the child's wait status."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            act()
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitpid(pid, 0)[1]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_acts_on_its_parents_lock(tmp_path):
+    """What a pool's terminate() did to a forked worker (SIGTERM), and what a child that unwinds or releases would do:
+    the parent's lock files stay, the parent still holds the lock (another process is refused), and the child ends
+    the way the signal ends a process."""
+    run = tmp_path / "run"
+
+    def release_everything() -> None:
+        assert not writer_lock._HELD, "the child holds none of its parent's locks"
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the child's SIGTERM is the default again"
+        writer_lock.release_all()
+        lock.release()
+
+    with hold(run) as lock:
+        assert signal.getsignal(signal.SIGTERM) == lock._on_signal
+        record = read_record(run / "writer.json")
+        status = _in_child(lambda: os.kill(os.getpid(), signal.SIGTERM))
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert os.WIFEXITED(status := _in_child(release_everything)) and os.WEXITSTATUS(status) == 0
+        # A handler that a library composed around the lock's (Lightning does) still calls it in the child.
+        status = _in_child(lambda: lock._on_signal(signal.SIGTERM, None))
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert sorted(os.listdir(run)) == ["writer.json", "writer.lock"]
+        assert read_record(run / "writer.json")["token"] == record["token"]
+        code = "import sys; from recurlen.util.writer_lock import WriterLock; WriterLock(sys.argv[1]).acquire()"
+        other = subprocess.run([sys.executable, "-c", code, str(run)], cwd=REPO, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+        assert other.returncode == 1 and f"LockHeld: {run} is being written by another process: pid {os.getpid()}" \
+            in other.stderr, other.stderr[-2000:]
+    assert not run.exists()  # the parent's own release still removes everything
