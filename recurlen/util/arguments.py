@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import math
 import textwrap
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -167,6 +168,29 @@ def check_dotlist(words: Iterable[str], cls: type, *, what: str = "setting", ext
         check_key(word.split("=", 1)[0].lstrip("+~"), cls, what=what, extra=extra)
 
 
+def check_finite(values: Any, *, prefix: str = "", skip: Sequence[str] = ()) -> None:
+    """A ValueError naming the first setting that is nan or +-inf, in a plain dict / list of settings (omegaconf's
+    to_container of a typed config): the one rule every command's settings go through.
+
+    omegaconf reads `nan` and `inf` as floats for a float setting, and a range check lets them through: `x <= 0`
+    is false for nan (a cap of nan memory, a step of nan size), and `x > 0` is true for inf. `prefix` is where the
+    settings sit (`fix.forget_more`); keys in `skip` are not looked into (a model's own config)."""
+
+    def walk(value: Any, key: str) -> None:
+        if key in skip:
+            return
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, list | tuple):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key} must be a finite number; got {value}")
+
+    walk(values, prefix)
+
+
 # ---- help text ---------------------------------------------------------------------------------------------
 
 
@@ -239,5 +263,5 @@ def render_help(usage: str, description: str, sections: Sequence[tuple[str, Sequ
     return "\n".join(lines).rstrip() + "\n"
 
 
-__all__ = ["Words", "check_dotlist", "check_key", "field_docs", "format_value", "render_help", "schema_keys",
-           "settings_help", "split_words", "suggest"]
+__all__ = ["Words", "check_dotlist", "check_finite", "check_key", "field_docs", "format_value", "render_help",
+           "schema_keys", "settings_help", "split_words", "suggest"]

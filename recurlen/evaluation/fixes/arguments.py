@@ -33,7 +33,7 @@ def fix_configs(fixes: list[str], settings: dict[str, Any]) -> list[tuple[str, F
     out = []
     for key, name in fix_keys(fixes):
         fix = get(name)
-        out.append((key, fix, fix.make_config(settings.get(key))))
+        out.append((key, fix, fix.make_config(settings.get(key), key=key)))
     return out
 
 

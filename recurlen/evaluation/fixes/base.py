@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from recurlen.models import registry, timescales
 from recurlen.models.interface import Architecture
+from recurlen.util.arguments import check_finite
 from recurlen.util.errors import UserError
 
 
@@ -119,10 +120,13 @@ class Fix:
                             f"which only {cls.architectures()} offer")
 
     @classmethod
-    def make_config(cls, settings: dict[str, Any] | None = None):
-        """The fix's typed settings from a mapping (fix.NAME.KEY=VALUE on the command line)."""
+    def make_config(cls, settings: dict[str, Any] | None = None, *, key: str | None = None):
+        """The fix's typed settings from a mapping (fix.KEY.SETTING=VALUE on the command line; `key` names them in
+        the errors, the fix's name by default)."""
         try:
             merged = OmegaConf.merge(OmegaConf.structured(cls.config_cls), OmegaConf.create(dict(settings or {})))
+            # Typed now (`nan` is a float here, a string before): every command's rule for non-finite settings.
+            check_finite(OmegaConf.to_container(merged), prefix=f"fix.{key or cls.name}")
             return OmegaConf.to_object(merged)
         except Exception as err:  # omegaconf's own errors (unknown key, wrong type) and __post_init__'s ValueError
             first = str(err).strip().splitlines()[0]

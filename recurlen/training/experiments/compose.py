@@ -13,7 +13,6 @@ and says what is allowed.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -25,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from recurlen.models import registry, table
 from recurlen.training.experiments.schema import GROUPS, ExperimentConfig
 from recurlen.training.interventions import layout_for
-from recurlen.util.arguments import check_key, schema_keys, suggest
+from recurlen.util.arguments import check_finite, check_key, schema_keys, suggest
 
 
 def experiments_dir() -> Path:
@@ -222,7 +221,7 @@ def _explain(err: OmegaConfBaseException, schema: type[ExperimentConfig] = Exper
 
 def to_object(cfg: DictConfig) -> ExperimentConfig:
     """Validate: types via omegaconf, values via the dataclasses' __post_init__, cross-field rules after."""
-    check_finite(cfg)
+    _check_finite(cfg)
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
@@ -231,28 +230,14 @@ def to_object(cfg: DictConfig) -> ExperimentConfig:
     return obj
 
 
-def check_finite(cfg: DictConfig) -> None:
-    """No setting is nan or +-inf: omegaconf reads `inf` as a float, and a range check such as lr > 0 lets it
-    through (a run with lr=inf diverges at its first step). The model's own config is the architecture's business
-    (Mamba-2's dt_limit ends at inf)."""
+def _check_finite(cfg: DictConfig) -> None:
+    """No setting is nan or +-inf (recurlen.util.arguments.check_finite: a run with lr=inf diverges at its first
+    step). The model's own config is the architecture's business (Mamba-2's dt_limit ends at inf)."""
     try:
         values = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException:
         return  # to_object says what is wrong with it
-
-    def walk(value: Any, key: str) -> None:
-        if key == "model.config":
-            return
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                walk(v, f"{key}[{i}]")
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{key} must be a finite number; got {value}")
-
-    walk(values, "")
+    check_finite(values, skip=("model.config",))
 
 
 def resolved_config(cfg: ExperimentConfig) -> dict[str, Any]:

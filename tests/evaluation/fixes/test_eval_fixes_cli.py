@@ -35,3 +35,17 @@ def test_recurlen_eval_with_fixes_on_a_tiny_run_end_to_end(experiment, tmp_path,
     assert runs[1]["fix"]["config"]["steps"] == 1 and runs[2]["fix"]["config"]["grid"] == [1.0, 2.0]
     rc = cli.main(["eval", str(run_dir), "fixes=[mambaextend]", "fix.mambaextend.stepz=1", "--out", str(out)])
     assert rc == 2 and "fix mambaextend: " in capsys.readouterr().err
+
+
+def test_non_finite_fix_settings_are_one_line_before_anything_loads(capsys, tmp_path, cli_logs):
+    ckpt = tmp_path / "base"
+    registry.get("mamba2").build(registry.get("mamba2").preset("nano")).save_pretrained(str(ckpt))
+    for words in (["fixes=[forget_more]", "fix.forget_more.memory=nan"],
+                  ["fixes=[forget_more]", "fix.forget_more.grid=[nan]"],
+                  ["fixes=[mambaextend]", "fix.mambaextend.perturb=nan"],
+                  ["fixes=[mambaextend]", "fix.mambaextend.method=backprop", "fix.mambaextend.lr=nan"]):
+        rc = cli.main(["eval", f"base={ckpt}", "train_len=32", *words, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        key = words[-1].split("=")[0]
+        assert rc == 2 and f"{key}" in err and "must be a finite number; got nan" in err, err
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

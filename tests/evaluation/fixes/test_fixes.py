@@ -171,6 +171,19 @@ def test_settings_are_typed_and_checked_in_one_line():
     assert get("mambaextend").make_config({"steps": "7"}).steps == 7
 
 
+@pytest.mark.parametrize(("name", "settings", "bad"), [
+    ("forget_more", {"memory": "nan"}, "fix.cap.memory must be a finite number; got nan"),
+    ("forget_more", {"grid": ["nan"]}, r"fix.cap.grid\[0\] must be a finite number; got nan"),
+    ("mambaextend", {"perturb": "nan"}, "fix.cap.perturb must be a finite number; got nan"),
+    ("mambaextend", {"method": "backprop", "lr": "nan"}, "fix.cap.lr must be a finite number; got nan"),
+    ("a_scale", {"max_scale": "inf"}, "fix.cap.max_scale must be a finite number; got inf"),
+])
+def test_a_non_finite_setting_is_refused_by_name(name, settings, bad):
+    # `x <= 0` is false for nan: without the rule these ran and gave nan results or calibrated nothing.
+    with pytest.raises(UserError, match=f"fix {name}: {bad}"):
+        get(name).make_config(settings, key="cap")
+
+
 @pytest.mark.parametrize("name", ["mambaextend", "a_scale"])
 def test_an_uncalibrated_scale_fix_at_one_leaves_the_logits_unchanged(nano_model, name):
     model = nano_model("mamba2")

@@ -79,3 +79,11 @@ def test_task_fix_arguments_are_checked_as_eval_checks_them(tiny_run, tmp_path, 
         capsys.readouterr().err
     rc = cli.main(["copying", "fixes=[forget_more]", "--dry-run"])
     assert rc == 2 and "fixes=[...] is evaluated by the tasks ['passkey', 'niah']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["niah", "passkey"])
+def test_a_non_finite_task_fix_setting_is_one_line(task, tiny_run, tmp_path, capsys, cli_logs):
+    rc = cli.main(_task(task, tiny_run, tmp_path / "n", "fixes=[forget_more]", "fix.forget_more.memory=nan"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "fix.forget_more.memory must be a finite number; got nan" in err, err
+    assert not (tmp_path / "n").exists()
