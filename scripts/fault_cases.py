@@ -88,6 +88,13 @@ COMMANDS: dict[str, dict] = {
     "99": {"argv": [*FINETUNE, "run_dir={W}/p/q/../dotdot"], "setup": "mkdir_pq", "weights": "{W}/p/dotdot"},
     "100": {"argv": [*FINETUNE, "run_dir={W}/with space/ünï cödé"], "weights": "{W}/with space/ünï cödé"},
     "101": {"argv": [*FINETUNE, "run_dir=rel/run"], "cwd": "{W}/cwd101", "weights": "{W}/cwd101/rel/run"},
+    # Trust II
+    "201": {"argv": ["eval", "{D}/export", "seq_len=64", "num_sequences=8", "--out", "{D}/eval"], "setup": "export_run",
+            "present": "{D}/eval/results.json"},
+    "204": {"argv": [*FINETUNE, "run_dir={D}"], "present": "{D}/checkpoints/last.ckpt"},
+    "205": {"argv": [*FINETUNE, "data.layout=packed", "data.val_segments=0", "data.val_sequences=0", "run_dir={D}"],
+            "present": "{D}/checkpoints/last.ckpt"},
+    "208": {"argv": ["demo", "quick=true", "run_root={D}", "--dry-run"], "absent": "{D}"},
 }
 """Rows re-run as commands (after `recurlen`): {RUN} the finished run `finetune $B $C`, {M1RUN} the same on
 mamba1-nano, {D} a fresh directory of the row, {W} the scratch directory. absent: must not exist afterwards;
@@ -266,6 +273,10 @@ def setup(kind: str, s: Scratch, d: Path) -> None:
         (s.work / "list.json").write_text("[1, 2, 3]")
     elif kind == "mkdir_pq":
         (s.work / "p" / "q").mkdir(parents=True, exist_ok=True)
+    elif kind == "export_run":  # #201: RUN exported on its own, without a card
+        proc = s.recurlen(["export", str(s.run), "--out", str(d / "export"), "card=false"])
+        if proc.returncode != 0:
+            raise SystemExit(f"exporting RUN failed: {proc.stderr[-2000:]}")
 
 
 def fill(text: str, s: Scratch, d: Path) -> str:
