@@ -73,6 +73,31 @@ def test_unreadable_data_is_said_before_the_run_directory_is_written(tmp_path, c
     assert not run.exists()
 
 
+def _zstd_garbage(path: Path) -> None:
+    path.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(256)) * 2)  # zstd's magic number, then no valid frame
+
+
+@pytest.mark.parametrize("tokenize", ["all", "needed"])
+@pytest.mark.parametrize(("name", "write", "needles"), [
+    ("empty.jsonl", lambda p: p.write_text('{"text": ""}\n' * 40), ("is empty: none of its ", "rows has any text")),
+    ("text.jsonl.zst", lambda p: p.write_text('{"text": "hello"}\n' * 40),
+     ("text.jsonl.zst does not decompress as zstd (zstd decompress error: ", "its name ends in .zst but it is not "
+      "zstd-compressed; fix, recompress or remove it")),
+    ("damaged.jsonl.zst", _zstd_garbage, ("damaged.jsonl.zst does not decompress as zstd (zstd decompress error: ",
+                                          "the file is damaged")),
+], ids=["empty-documents", "text-named-zst", "damaged-zst"])
+def test_empty_or_undecompressable_data_is_one_line_in_both_tokenize_modes(tmp_path, cache_dir, capsys, tokenize,
+                                                                           name, write, needles):
+    """tokenize=needed divided by the sample's zero tokens per document; a .zst that does not decompress raised
+    zstandard's error, naming no file, in both modes."""
+    source = tmp_path / name
+    write(source)
+    run = tmp_path / "run"
+    one_line_error(capsys, finetune(run, cache_dir, f"data.source={source}", f"data.tokenize={tokenize}"),
+                   f"source='{source}'", *needles)
+    assert not run.exists()
+
+
 def test_a_checkpoint_larger_than_the_file_size_limit_is_said_first(tmp_path, cache_dir, capsys, monkeypatch):
     monkeypatch.setattr(atomic_files, "file_size_limit", lambda: 500 * 1024)
     run = tmp_path / "run"

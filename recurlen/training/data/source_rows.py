@@ -8,15 +8,12 @@ JSON lines (blank lines skipped), parquet rows, one .txt / .md file per document
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
 import json
-import lzma
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from recurlen.training.data.compressed import open_file, reading
 from recurlen.training.data.config import DataConfig
 from recurlen.training.data.sources import Source
 
@@ -24,19 +21,9 @@ Row = tuple[Any, Any]
 """(text, id): the document's text and what decides its held-out membership (the text itself without id_field)."""
 
 
-def _open(path: Path) -> io.BufferedIOBase:
-    name = path.name.lower()
-    if name.endswith(".zst"):
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))  # noqa: SIM115
-    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(Path(name).suffix, open)
-    return opener(path, "rb")
-
-
-def _json_lines(path: Path) -> bool:
+def _json_lines(path: Path, source: str) -> bool:
     """A .json file holding one object per line (not one JSON array)."""
-    with _open(path) as f:
+    with reading(source, path), open_file(path) as f:
         head = f.read(4096).lstrip()
     return not head.startswith(b"[")
 
@@ -47,7 +34,8 @@ def readable(source: Source) -> bool:
         return False
     if any(f.name.lower().endswith(".lz4") for f in source.files):
         return False
-    return source.builder != "json" or all(_json_lines(f) for f in source.files if f.stat().st_size > 0)
+    return source.builder != "json" or all(_json_lines(f, source.location) for f in source.files
+                                              if f.stat().st_size > 0)
 
 
 def iter_rows(source: Source, cfg: DataConfig, *, skip: int = 0) -> Iterator[Row]:
@@ -67,7 +55,7 @@ def iter_rows(source: Source, cfg: DataConfig, *, skip: int = 0) -> Iterator[Row
 
             seen += pq.ParquetFile(path).metadata.num_rows
         else:
-            with _open(path) as f:
+            with reading(cfg.source, path), open_file(path) as f:
                 for line_no, line in enumerate(f, 1):
                     if not line.strip():
                         continue

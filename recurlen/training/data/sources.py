@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recurlen.training.data import embedded
+from recurlen.training.data import compressed, embedded
 from recurlen.training.data.config import DataConfig
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,14 @@ def open_dataset(source: Source, cfg: DataConfig) -> Any:
         try:
             ds = datasets.load_dataset(source.builder, data_files=files, split="train", streaming=cfg.streaming,
                                        cache_dir=str(cfg.cache_root / "hf-datasets"), **kwargs)
-        except (datasets.exceptions.DatasetsError, StopIteration) as err:
+        except Exception as err:
+            # A file that does not decompress fails inside datasets with the decompressor's error alone (no file
+            # named, no DatasetsError around it): which file it is, is found by decompressing each.
+            found = compressed.find_damaged(cfg.source, [Path(f) for f in files])
+            if found is not None:
+                raise found from err
+            if not isinstance(err, datasets.exceptions.DatasetsError | StopIteration):
+                raise
             raise ValueError(f"source={cfg.source!r}: datasets could not read these {source.builder} files: "
                              f"{_innermost(err)}; fix or remove the file(s)") from err
         finally:

@@ -35,6 +35,8 @@ def tokenize_plan(cfg: DataConfig, *, steps: int, num_global_lanes: int) -> str 
         want = max(todo, want - corpus.num_tokens)
     workers = default_workers(cfg)
     rate, per_doc = sample_rate(cfg, tokenizer, cache.source, workers=workers)
+    if per_doc == 0:  # the sample reads on until 2 MB of text: it read every row, and none has a token
+        raise ValueError(f"source={cfg.source!r} is empty: none of its rows has any text")
     cached = f", {corpus.num_tokens} cached" if corpus.num_documents else ""
     who = f"{workers} worker{'s' if workers > 1 else ''}"
     return (f"needed: ~{want:,} tokens (~{round(want / per_doc):,} documents{cached}) for {how}; ~{want / rate:.0f} s "
