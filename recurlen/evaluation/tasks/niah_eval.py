@@ -21,6 +21,7 @@ from recurlen.evaluation.tasks.common import greedy_answers, length_label
 from recurlen.evaluation.tasks.niah import Haystack, NiahBuilder, NiahPrompt, score_niah
 from recurlen.evaluation.tasks.niah_config import NIAH_TASKS, NiahConfig
 from recurlen.models.interface import RecurrentLM
+from recurlen.util.errors import UserError
 from recurlen.util.tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -34,15 +35,21 @@ def cell_prompts(builder: NiahBuilder, task: str, *, length: int, depth: float, 
             for i in range(trials)]
 
 
+def check_lengths(builder: NiahBuilder, tasks: Sequence[str], lengths: Sequence[int]) -> None:
+    """A UserError when a length cannot hold a task's intro, needles and question (the haystack fills the rest):
+    `recurlen niah` says it before it trains, not after."""
+    short = {t: builder.min_length(t) for t in tasks if min(lengths) < builder.min_length(t)}
+    if short:
+        raise UserError(f"niah lengths {sorted(n for n in lengths if n < max(short.values()))} are too short for "
+                        f"the needles and the question of {sorted(short)}; with this tokenizer need L >= "
+                        f"{max(short.values())} (raise task.lengths, or leave those tasks out of task.niah.tasks)")
+
+
 def evaluate_niah(model: RecurrentLM, tokenizer: Tokenizer, cfg: NiahConfig, *, lengths: list[int], trials: int,
                   seed: int, batch_size: int, chunk_len: int, haystack: Haystack, progress: bool = True) -> dict:
     """Score (fraction of the expected values recalled) per (task, depth, length) cell, averaged over trials."""
     builder = NiahBuilder(tokenizer, cfg)
-    short = {t: builder.min_length(t) for t in cfg.tasks if min(lengths) < builder.min_length(t)}
-    if short:
-        raise ValueError(f"niah lengths {sorted(n for n in lengths if n < max(short.values()))} are too short for "
-                         f"the needles and the question of {sorted(short)}; with this tokenizer need L >= "
-                         f"{max(short.values())} (or leave those tasks out of task.niah.tasks)")
+    check_lengths(builder, cfg.tasks, lengths)
     cells = []
     grid = [(t, n, d) for t in cfg.tasks for n in lengths for d in cfg.depths]
     for i, (task, length, depth) in enumerate(grid):
@@ -144,4 +151,4 @@ def niah_lines(results: Sequence[dict], label) -> list[str]:
     return lines
 
 
-__all__ = ["cell_prompts", "evaluate_niah", "mean_matrix", "niah_lines", "plot_niah"]
+__all__ = ["cell_prompts", "check_lengths", "evaluate_niah", "mean_matrix", "niah_lines", "plot_niah"]

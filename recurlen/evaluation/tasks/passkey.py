@@ -27,6 +27,7 @@ import numpy as np
 
 from recurlen.evaluation.tasks.common import TaskExample, greedy_answers
 from recurlen.models.interface import RecurrentLM
+from recurlen.util.errors import UserError
 from recurlen.util.tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,15 @@ def score_passkey(text: str, key: str) -> float:
         return 0.0
 
 
+def check_lengths(builder: PasskeyBuilder, lengths: list[int]) -> None:
+    """A UserError when a length cannot hold the intro, the key sentence and the question: `recurlen passkey` says it
+    before it trains, not after."""
+    short = [n for n in lengths if n < builder.min_length()]
+    if short:
+        raise UserError(f"passkey lengths {short} are too short to hold the key and the question; with this tokenizer "
+                        f"need L >= {builder.min_length()} (raise task.lengths)")
+
+
 def evaluate_passkey(model: RecurrentLM, tokenizer: Tokenizer, *, lengths: list[int], depths: list[float], trials: int,
                      seed: int, batch_size: int, chunk_len: int, key_digits: int = 5,
                      max_new_tokens: int | None = None, progress: bool = True) -> dict:
@@ -134,10 +144,7 @@ def evaluate_passkey(model: RecurrentLM, tokenizer: Tokenizer, *, lengths: list[
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise ValueError(f"passkey depth={d} is outside [0, 1]; 0 puts the key first, 1 last")
-    short = [n for n in lengths if n < builder.min_length()]
-    if short:
-        raise ValueError(f"passkey lengths {short} are too short to hold the key and the question; with this tokenizer "
-                         f"need L >= {builder.min_length()}")
+    check_lengths(builder, lengths)
     cells = []
     n_cells = len(lengths) * len(depths)
     for i, (length, depth) in enumerate((n, d) for n in lengths for d in depths):
@@ -163,4 +170,4 @@ def evaluate_passkey(model: RecurrentLM, tokenizer: Tokenizer, *, lengths: list[
 
 
 __all__ = ["ANSWER", "FILLER", "INTRO", "KEY_SENTENCE", "QUESTION", "PasskeyBuilder", "PasskeyPrompt",
-           "evaluate_passkey", "parse_passkey", "score_passkey"]
+           "check_lengths", "evaluate_passkey", "parse_passkey", "score_passkey"]

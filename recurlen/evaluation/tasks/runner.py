@@ -368,14 +368,30 @@ def run_niah(cfg: TaskExperimentConfig) -> Path:
 RUNNERS = {"passkey": run_passkey, "babilong": run_babilong, "copying": run_copying, "niah": run_niah}
 
 
+def check_lengths(cfg: TaskExperimentConfig, tokenizer) -> None:
+    """passkey, niah: a UserError when an evaluated length cannot hold the task's prompt without its filler."""
+    if cfg.task.name == "passkey":
+        from recurlen.evaluation.tasks import passkey
+
+        passkey.check_lengths(passkey.PasskeyBuilder(tokenizer, key_digits=cfg.task.passkey.key_digits),
+                              eval_lengths(cfg))
+    elif cfg.task.name == "niah":
+        from recurlen.evaluation.tasks import niah_eval
+        from recurlen.evaluation.tasks.niah import NiahBuilder
+
+        niah_eval.check_lengths(NiahBuilder(tokenizer, cfg.task.niah), cfg.task.niah.tasks, eval_lengths(cfg))
+
+
 def run_task(cfg: TaskExperimentConfig) -> Path:
     """Train (task.train) and evaluate cfg.task.name; returns the path of results.json."""
     if cfg.task.name not in RUNNERS:
         raise ValueError(f"task.name={cfg.task.name!r} is not a task to run; allowed: {list(TASKS)}")
+    if cfg.task.train:  # the trained model's tokenizer: lengths it cannot evaluate are said before the training
+        check_lengths(cfg, load_tokenizer(cfg.data.tokenizer))
     # Training and the evaluation written after it are one run: the writer lock covers both.
     with RunDir(cfg.resolved_run_dir).writer_lock(enabled=launch_rank() == 0):
         return RUNNERS[cfg.task.name](cfg)
 
 
-__all__ = ["AXES", "RUNNERS", "babilong_cells", "eval_lengths", "niah_haystack", "run_babilong", "run_copying",
-           "run_niah", "run_passkey", "run_task", "task_output_dir", "task_tag", "task_tensorboard"]
+__all__ = ["AXES", "RUNNERS", "babilong_cells", "check_lengths", "eval_lengths", "niah_haystack", "run_babilong",
+           "run_copying", "run_niah", "run_passkey", "run_task", "task_output_dir", "task_tag", "task_tensorboard"]
