@@ -37,7 +37,7 @@ from recurlen.commands.model_card import find_evidence, write_card
 from recurlen.models import official, registry, transformers_format
 from recurlen.models.export_manifest import MANIFEST_NAME, ExportManifest, read_manifest, shareable_data, source_id
 from recurlen.training.run_dir import checkpoint_step, load_model, run_config, run_dir_of
-from recurlen.util.atomic_files import host_name, pid_alive, write_text
+from recurlen.util.atomic_files import WriteAdvice, advice, host_name, pid_alive, write_error, write_text
 from recurlen.util.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -194,10 +194,21 @@ def training_progress(source: str) -> TrainingProgress | None:
                             live=run is not None and refusal(run.path) is not None)
 
 
+EXPORT_ADVICE = WriteAdvice(place="--out", kept="the export stopped and removed what it had written: --out is as it "
+                            "was", then="export again")
+"""What a failed write of the export says (a run's advice speaks of run_dir and resuming checkpoints)."""
+
+
 def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path: str | None = None,
            command: list[str] | None = None) -> Path:
     """Write the model of `source` (a run directory, a .ckpt, a pretrained directory) to `out` -> the weights file.
     command: the export's own words, for the card's "reproduce" section."""
+    with advice(EXPORT_ADVICE):
+        return _export(source, out, settings, eval_path=eval_path, command=command)
+
+
+def _export(source: str, out: str | Path, settings: ExportSettings, *, eval_path: str | None,
+            command: list[str] | None) -> Path:
     check_source(source)
     out = Path(out)
     if out.exists() and Path(source).is_dir() and out.resolve() == Path(source).resolve():
@@ -221,12 +232,15 @@ def export(source: str, out: str | Path, settings: ExportSettings, *, eval_path:
                     "finished for its last step", source, progress.step, progress.max_steps)
     evidence = find_evidence(source, run_dir_of(source), eval_path) if settings.card else None  # before writing
     where = out.resolve()
-    where.parent.mkdir(parents=True, exist_ok=True)
-    _remove_left_over_temporaries(where)
-    # Next to --out, so that the renames into place stay on one file system; os.mkdir, not mkdtemp, whose 0700
-    # would become the directory's mode.
-    tmp = where.parent / f".{where.name}.export.{host_name()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    os.mkdir(tmp)
+    try:  # a read-only place, a file where a directory belongs: one line naming --out
+        where.parent.mkdir(parents=True, exist_ok=True)
+        _remove_left_over_temporaries(where)
+        # Next to --out, so that the renames into place stay on one file system; os.mkdir, not mkdtemp, whose 0700
+        # would become the directory's mode.
+        tmp = where.parent / f".{where.name}.export.{host_name()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        os.mkdir(tmp)
+    except OSError as err:
+        raise (write_error(err, where) or err) from err
     try:
         weights = _write(tmp, source=source, loaded=loaded, arch=arch, settings=settings, dtype=dtype,
                          evidence=evidence, eval_path=eval_path, progress=progress,

@@ -9,6 +9,7 @@ power cut.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import json
 import math
@@ -16,7 +17,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,24 +48,48 @@ def _free_bytes(directory: Path) -> int:
         return 1 << 62
 
 
+@dataclass(frozen=True)
+class WriteAdvice:
+    """What a failed write tells the user: the setting that chooses where the files go, what the failure left, and
+    what to do after the fix. A run's by default; a command that writes elsewhere (`recurlen export`) sets its own
+    around its writes (`advice`)."""
+
+    place: str = "run_dir"
+    kept: str = "nothing was replaced: the files written before are intact"
+    then: str = "rerun: a run resumes from its furthest-trained intact checkpoint"
+
+
+RUN_ADVICE = WriteAdvice()
+_ADVICE: contextvars.ContextVar[WriteAdvice] = contextvars.ContextVar("write_advice", default=RUN_ADVICE)
+
+
+@contextlib.contextmanager
+def advice(given: WriteAdvice) -> Iterator[None]:
+    """The advice of the write errors raised inside (write_error)."""
+    token = _ADVICE.set(given)
+    try:
+        yield
+    finally:
+        _ADVICE.reset(token)
+
+
 def write_error(err: OSError, path: Path) -> UserError | None:
     """A full disk, a read-only file system, missing permissions, a file where a directory belongs or the file-size
-    limit: the user's to fix, said in one line."""
+    limit: the user's to fix, said in one line (with the advice in force, WriteAdvice)."""
+    a = _ADVICE.get()
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return UserError(f"no space left on device while writing {path} (nothing was replaced: the files written "
-                         "before are intact); free space or choose another run_dir, then rerun: a run resumes from "
-                         "its furthest-trained intact checkpoint")
+        return UserError(f"no space left on device while writing {path} ({a.kept}); free space or choose another "
+                         f"{a.place}, then {a.then}")
     if err.errno == errno.EROFS:
-        return UserError(f"cannot write {path}: read-only file system; choose a writable run_dir")
+        return UserError(f"cannot write {path}: read-only file system; choose a writable {a.place}")
     if err.errno in (errno.EACCES, errno.EPERM):
-        return UserError(f"cannot write {path}: permission denied; choose a writable run_dir or fix its permissions")
+        return UserError(f"cannot write {path}: permission denied; choose a writable {a.place} or fix its permissions")
     if err.errno in (errno.ENOTDIR, errno.EEXIST):
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path.parent)
-        return UserError(f"cannot write {path}: {blocker} is a file, not a directory; choose another run_dir")
+        return UserError(f"cannot write {path}: {blocker} is a file, not a directory; choose another {a.place}")
     if err.errno == errno.EFBIG:
-        return UserError(f"cannot write {path}: it would exceed the file-size limit ({_size_limit_text()}; nothing "
-                         "was replaced: the files written before are intact); raise it (ulimit -f unlimited), then "
-                         "rerun: a run resumes from its furthest-trained intact checkpoint")
+        return UserError(f"cannot write {path}: it would exceed the file-size limit ({_size_limit_text()}; {a.kept}); "
+                         f"raise it (ulimit -f unlimited), then {a.then}")
     return None
 
 
@@ -176,8 +202,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
             raise write_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path) from err
         if file_size_limit() is not None:
             raise write_error(OSError(errno.EFBIG, os.strerror(errno.EFBIG)), path) from err
-        raise UserError(f"writing {path} stopped short ({err}; nothing was replaced: the files written before are "
-                        "intact); check the file system's space, quota and health, then rerun") from err
+        raise UserError(f"writing {path} stopped short ({err}; {_ADVICE.get().kept}); check the file system's space, "
+                        "quota and health, then rerun") from err
     except BaseException:
         _discard(tmp)
         raise
@@ -217,5 +243,5 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int = 120, tight: bool = F
     return atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=dpi, **extra))
 
 
-__all__ = ["atomic_write", "check_file_size_limit", "file_size_limit", "host_name", "json_safe", "pid_alive",
-           "save_figure", "save_torch", "write_json", "write_text"]
+__all__ = ["RUN_ADVICE", "WriteAdvice", "advice", "atomic_write", "check_file_size_limit", "file_size_limit",
+           "host_name", "json_safe", "pid_alive", "save_figure", "save_torch", "write_json", "write_text"]

@@ -130,3 +130,35 @@ def test_a_killed_export_s_temporary_is_removed_by_the_next_export(capsys, tmp_p
         (tmp / "model.safetensors").write_bytes(b"half a model")
     assert run(capsys, "export", run_dir, "--out", tmp_path / "out", "card=false")[0] == 0
     assert not dead.exists() and alive.is_dir()
+
+
+def test_an_out_that_cannot_be_written_is_one_line(capsys, tmp_path, run_dir):
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        (read_only / "probe").mkdir()  # root writes through the mode: a path under a file is what it cannot write
+    except PermissionError:
+        out, why = read_only / "out", "permission denied; choose a writable --out"
+    else:
+        (read_only / "probe").rmdir()
+        blocker = tmp_path / "a-file"
+        blocker.write_text("x")
+        out, why = blocker / "out", f"{blocker} is a file, not a directory; choose another --out"
+    try:
+        rc, _, err = run(capsys, "export", run_dir, "--out", out, "card=false")
+    finally:
+        read_only.chmod(0o755)
+    assert rc == 2 and err.strip() == f"recurlen export: error: cannot write {out}: {why}", err
+    assert not out.exists() and not list(read_only.iterdir())
+
+
+def test_a_full_disk_during_the_export_gives_the_export_s_advice(capsys, tmp_path, run_dir, monkeypatch):
+    monkeypatch.setenv("RECURLEN_FAULT", "point=start,file=pytorch_model.bin,action=enospc")
+    rc, _, err = run(capsys, "export", run_dir, "--out", tmp_path / "out", "card=false")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "no space left on device while writing " in err and err.strip().endswith(
+        "(the export stopped and removed what it had written: --out is as it was); free space or choose another "
+        "--out, then export again"), err
+    assert "run_dir" not in err and "checkpoint" not in err  # a run's advice: there is no run to resume here
+    assert list(tmp_path.iterdir()) == []  # no --out, no temporary
