@@ -54,7 +54,7 @@ class Probe(L.Callback):
         note("checkpoint", trainer.global_step)
 
 build = finetune.build_trainer
-finetune.build_trainer = lambda cfg, run, extra: build(cfg, run, [*extra, Probe()])
+finetune.build_trainer = lambda cfg, run, extra, **options: build(cfg, run, [*extra, Probe()], **options)
 from recurlen.commands.cli import main
 sys.exit(main(["finetune", *sys.argv[5:]]))
 '''
