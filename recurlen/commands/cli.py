@@ -269,9 +269,13 @@ def cmd_eval(w: Words) -> int:
                      f"from {held_out}", f"  tasks          {', '.join(cfg.tasks)}", *_fix_plan(cfg),
                      f"  output         {cfg.output_dir}"])
     from recurlen.evaluation.heldout import evaluate_checkpoints
+    from recurlen.util.stop_signals import stopped_by_signals
 
     set_threads(cfg.num_threads, setting="num_threads")
-    log.info("wrote %s", evaluate_checkpoints(cfg, data))
+    with stopped_by_signals(f"the evaluation, before its results.json was written to {cfg.output_dir}; rerun the "
+                            "same command to evaluate"):
+        written = evaluate_checkpoints(cfg, data)
+    log.info("wrote %s", written)
     return 0
 
 
