@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 
 def token_loss(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, mask_BL: torch.Tensor | None) -> torch.Tensor:
-    """Mean cross-entropy over the scored tokens (all, or those where the batch's loss_mask is True)."""
+    """Mean cross-entropy over the scored tokens (all, or those where the batch's loss_mask is True); a float
+    loss_mask weighs each target, sum(w nll) / sum(w) (a task mix's task_share, recurlen.evaluation.tasks.mix)."""
     nll = F.cross_entropy(logits_BLV.float().reshape(-1, logits_BLV.shape[-1]), targets_BL.reshape(-1),
                           reduction="none")
     if mask_BL is None:

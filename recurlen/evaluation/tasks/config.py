@@ -206,6 +206,13 @@ class TaskConfig:
     """Seed of the evaluation examples (the same for every model, so results pair up)."""
     val_batches: int = 4
     """Fixed held-out batches of task examples for the trainer's validation loss."""
+    text_rows: int = 0
+    """Rows of each training batch (of data.batch_size) that read the corpus of data.* in the intervention's layout
+    instead of task examples, so that the model learns the task and stays a language model
+    (recurlen.evaluation.tasks.mix; TBTT then walks the text rows' documents). 0: task examples only."""
+    task_share: float | None = None
+    """With text_rows: the task rows' share of the training loss, in (0, 1) (their answers are a few tokens where a
+    text row scores all of its own); None weighs every scored token alike."""
     output_dir: str | None = None
     """Where results.json, the PNG plots and TensorBoard events go; None = <run_dir>/<task name>."""
     passkey: PasskeyConfig = field(default_factory=PasskeyConfig)
@@ -224,6 +231,10 @@ class TaskConfig:
         for name in ("trials", "eval_batch_size", "chunk_len"):
             _positive("", name, getattr(self, name))
         _positive("", "val_batches", self.val_batches, minimum=0)
+        _positive("", "text_rows", self.text_rows, minimum=0)
+        if self.task_share is not None and not 0.0 < float(self.task_share) < 1.0:
+            raise ValueError(f"task.task_share={self.task_share!r} must be in (0, 1) or null (every scored token "
+                             "alike)")
 
 
 @dataclass
@@ -250,6 +261,9 @@ class TaskExperimentConfig(ExperimentConfig):
             raise ValueError(f"fixes=[...] is evaluated by the tasks {list(FIX_TASKS)}; task.name={self.task.name!r} "
                              "takes none")
         fix_args.check_arguments(self.fixes, self.fix, what=f"task {self.task.name}")
+        if self.task.text_rows and self.task.text_rows >= self.data.batch_size:
+            raise ValueError(f"task.text_rows={self.task.text_rows} leaves no task rows in a batch of "
+                             f"data.batch_size={self.data.batch_size}; need text_rows < batch_size")
 
     @property
     def resolved_run_dir(self) -> str:

@@ -160,15 +160,31 @@ def example_fn(cfg: ExperimentConfig, tokenizer: Tokenizer) -> ExampleFn:
     raise ValueError(f"task.name={task!r} has no training data; allowed: {list(TASKS)}")
 
 
-def build_task_datamodule(cfg: ExperimentConfig) -> TaskDataModule:
-    """The DataModule of cfg.task.name (the task runner passes it to recurlen.training.finetune.run_finetune)."""
+def build_task_datamodule(cfg: ExperimentConfig) -> L.LightningDataModule:
+    """The DataModule of cfg.task.name (the task runner passes it to recurlen.training.finetune.run_finetune); with
+    task.text_rows, those rows of every batch read the corpus of cfg.data (recurlen.evaluation.tasks.mix)."""
+    if cfg.task.text_rows:
+        import dataclasses
+
+        from recurlen.evaluation.tasks.mix import MixDataModule
+        from recurlen.training.data.datamodule import RecurlenDataModule
+
+        # TBTT walks the text rows' documents; every task row is a new stream, from zeros.
+        text = RecurlenDataModule(dataclasses.replace(cfg.data, batch_size=cfg.task.text_rows))
+        return MixDataModule(text=text, task=_examples(cfg, batch_size=cfg.data.batch_size - cfg.task.text_rows),
+                             task_share=cfg.task.task_share)
     if cfg.intervention.name == "tbptt":
         # Every task row starts a new example (new_stream), so TBTT would reset every lane every step.
         raise ValueError(f"intervention tbptt needs documents that continue from step to step, but {cfg.task.name} "
                          "examples are independent; use state_passing (or none / random_noise / fitted_noise), or "
                          "follow the paper: post-train on the corpus with tbptt (`recurlen finetune "
                          "intervention=tbptt`), then fine-tune on the task from that run (model.pretrained=<run dir> "
-                         "intervention=none)")
+                         "intervention=none), or mix corpus rows into the task's batches (task.text_rows=N): TBTT "
+                         "then walks their documents")
+    return _examples(cfg, batch_size=cfg.data.batch_size)
+
+
+def _examples(cfg: ExperimentConfig, *, batch_size: int) -> TaskDataModule:
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     loss_on = cfg.task.passkey.loss_on if cfg.task.name == "passkey" else "answer"
     pad_id = None
@@ -177,9 +193,8 @@ def build_task_datamodule(cfg: ExperimentConfig) -> TaskDataModule:
 
         pad_id = CopyingFormat(tokenizer, cfg.task.copying).pad_id
     return TaskDataModule(example_fn(cfg, tokenizer), tokenizer=tokenizer, tokenizer_spec=cfg.data.tokenizer,
-                          seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, seed=cfg.seed,
-                          data_seed=cfg.data.seed, loss_on=loss_on, val_batches=cfg.task.val_batches,
-                          task=str(cfg.task.name), pad_id=pad_id)
+                          seq_len=cfg.data.seq_len, batch_size=batch_size, seed=cfg.seed, data_seed=cfg.data.seed,
+                          loss_on=loss_on, val_batches=cfg.task.val_batches, task=str(cfg.task.name), pad_id=pad_id)
 
 
 __all__ = ["TaskDataModule", "build_task_datamodule", "example_fn"]
