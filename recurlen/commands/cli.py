@@ -229,8 +229,12 @@ def _eval_inputs(w: Words):
                 resolved.append(f"  {label:14s} {describe_checkpoint(path)}")
             except UserError as err:
                 close = suggest(label, names, n=1) if "=" in word else ""
-                hint = f" (or is {word!r} a misspelt setting{close[:-1]}={path}?)" if close else ""
-                raise UserError(f"{err}{hint}") from None
+                if not close:
+                    raise
+                # KEY=VALUE with KEY close to a setting: a misspelt setting far more often than a label of a path
+                # that does not exist, so the setting leads.
+                raise UserError(f"unknown eval setting {label!r}{close[:-1]}={path}? (`--help` lists them all); read "
+                                f"as LABEL=PATH instead, checkpoint {path!r} does not exist") from None
         data = build_data_config(cfg.labelled_checkpoints()[0][1], data_group, data_overrides)
     return cfg, data, resolved
 

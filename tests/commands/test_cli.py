@@ -83,8 +83,13 @@ def test_an_eval_typo_fails_before_any_model_is_loaded(capsys, tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"not a checkpoint: loading it would fail differently")
-    rc, _, err = run(capsys, "eval", str(run_dir), "seq_lenn=256", "--out", str(tmp_path / "out"))
-    assert rc == 2 and "checkpoint '256' does not exist" in err and "seq_len=256?" in err
+    for typo, meant in (("seq_lenn=256", "seq_len=256"), ("num_sequence=4", "num_sequences=4")):
+        rc, _, err = run(capsys, "eval", str(run_dir), typo, "--out", str(tmp_path / "out"))
+        key, value = typo.split("=")
+        # The misspelt setting leads (it said "checkpoint '4' does not exist" first).
+        assert rc == 2 and err.startswith(f"recurlen eval: error: unknown eval setting {key!r}; did you mean "
+                                          f"{meant}? (`--help` lists them all); read as LABEL=PATH instead, "
+                                          f"checkpoint {value!r} does not exist"), err
     assert not (tmp_path / "out").exists()
 
 
