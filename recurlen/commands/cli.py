@@ -227,7 +227,7 @@ def _eval_inputs(w: Words):
         for word, (label, path) in zip(checkpoints, cfg.labelled_checkpoints()):
             try:
                 resolved.append(f"  {label:14s} {describe_checkpoint(path)}")
-            except UserError as err:
+            except UserError:
                 close = suggest(label, names, n=1) if "=" in word else ""
                 if not close:
                     raise
