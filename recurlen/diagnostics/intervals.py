@@ -65,16 +65,20 @@ def paired_bootstrap(diff_NK: np.ndarray | Sequence, *, seed: int = BOOTSTRAP_SE
     return (lo[0], hi[0]) if squeeze else (lo, hi)
 
 
-def ratio_bootstrap(run_N: np.ndarray | Sequence, base_N: np.ndarray | Sequence, *, seed: int = BOOTSTRAP_SEED,
-                    resamples: int = RESAMPLES, level: float = LEVEL) -> tuple[float, float]:
-    """Percentile interval of mean(run) / mean(base) - 1 with the sequences resampled in pairs (same indices for
-    both): the in-context cost of a run against its base on the same held-out sequences."""
+def ratio_bootstrap(run_N: np.ndarray | Sequence, base_N: np.ndarray | Sequence, *, paired: bool = True,
+                    seed: int = BOOTSTRAP_SEED, resamples: int = RESAMPLES,
+                    level: float = LEVEL) -> tuple[float, float]:
+    """Percentile interval of mean(run) / mean(base) - 1: the in-context cost of a run against its base. paired: both
+    were scored on the same sequences, resampled with the same indices (a sequence's difficulty cancels); else each
+    is resampled on its own."""
     run, base = np.asarray(run_N, dtype=np.float64), np.asarray(base_N, dtype=np.float64)
-    if run.shape != base.shape or run.ndim != 1:
-        raise ValueError(f"ratio_bootstrap needs two 1-D arrays over the same sequences; got {run.shape} and "
+    if run.ndim != 1 or base.ndim != 1 or (paired and run.shape != base.shape):
+        raise ValueError(f"ratio_bootstrap needs 1-D arrays (of the same sequences when paired); got {run.shape} and "
                          f"{base.shape}")
     idx_BN = _resample_indices(run.shape[0], seed=seed, resamples=resamples)
-    ratios_B = run[idx_BN].mean(axis=1) / base[idx_BN].mean(axis=1) - 1.0
+    other_BN = idx_BN if paired else \
+        np.random.default_rng([seed, 1]).integers(0, base.shape[0], size=(resamples, base.shape[0]))
+    ratios_B = run[idx_BN].mean(axis=1) / base[other_BN].mean(axis=1) - 1.0
     lo, hi = _percentiles(ratios_B[:, None], level)
     return float(lo[0]), float(hi[0])
 

@@ -217,19 +217,7 @@ def in_context_cost(run: dict, base: dict, *, seed: int = BOOTSTRAP_SEED) -> Cos
         return Cost(value, None, False, num_sequences(run))
     digest = (run.get("positionwise") or {}).get("sequences_digest")
     paired = digest is not None and digest == (base.get("positionwise") or {}).get("sequences_digest")
-    if paired:
-        lo, hi = ratio_bootstrap(a, b, seed=seed)
-    else:
-        lo, hi = _unpaired_ratio(a, b, seed=seed)
-    return Cost(value, (lo, hi), paired, len(a))
-
-
-def _unpaired_ratio(a: np.ndarray, b: np.ndarray, *, seed: int) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    ra = a[rng.integers(0, a.size, (2000, a.size))].mean(axis=1)
-    rb = b[rng.integers(0, b.size, (2000, b.size))].mean(axis=1)
-    r = ra / rb - 1.0
-    return float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
+    return Cost(value, ratio_bootstrap(a, b, paired=paired, seed=seed), paired, len(a))
 
 
 CHECK_OPS = ("<=", "<", ">=", ">", "abs<=")
