@@ -20,7 +20,8 @@ def _bins(run: dict) -> list[dict]:
     return (run.get("positionwise") or {}).get("bins") or []
 
 
-def _values(fix: dict) -> str:
+def fix_values(fix: dict) -> str:
+    """The values a fix chose, in words: its scales, or its memory cap and how many entries it changed."""
     values = fix.get("values") or {}
     if "scales" in values:
         return "scales " + ", ".join(f"{s:.3g}" for s in values["scales"])
@@ -93,7 +94,7 @@ def fixes_section(runs: Sequence[dict]) -> list[str]:
         how = (f"calibrated by {cal['method']} ({cal['steps']} steps, {cal['data']['sequences']} x "
                f"{cal['data']['length']} tokens): loss {cal['loss_before']:.3f} -> {cal['loss_after']:.3f}"
                if cal else "not calibrated (settings given)")
-        lines.append(f"- {run['label']}: {fix['paper']}; {_values(fix)}; {how}")
+        lines.append(f"- {run['label']}: {fix['paper']}; {fix_values(fix)}; {how}")
     return lines + [""]
 
 
@@ -127,4 +128,4 @@ def fixes_task_lines(tasks: Sequence[dict]) -> list[str]:
     return lines
 
 
-__all__ = ["fixes_section", "fixes_task_lines"]
+__all__ = ["fix_values", "fixes_section", "fixes_task_lines"]

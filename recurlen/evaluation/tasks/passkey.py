@@ -139,7 +139,8 @@ def check_lengths(builder: PasskeyBuilder, lengths: list[int]) -> None:
 def evaluate_passkey(model: RecurrentLM, tokenizer: Tokenizer, *, lengths: list[int], depths: list[float], trials: int,
                      seed: int, batch_size: int, chunk_len: int, key_digits: int = 5,
                      max_new_tokens: int | None = None, progress: bool = True) -> dict:
-    """Accuracy per (depth, length) cell over `trials` random keys; examples of the first answers are kept."""
+    """Accuracy per (depth, length) cell over `trials` random keys, each trial's outcome (1 the key, 0 not) in
+    the order the keys were drawn; examples of the first answers are kept."""
     builder = PasskeyBuilder(tokenizer, key_digits=key_digits)
     for d in depths:
         if not 0.0 <= d <= 1.0:
@@ -159,6 +160,7 @@ def evaluate_passkey(model: RecurrentLM, tokenizer: Tokenizer, *, lengths: list[
         non_numeric = sum(1 for t in texts if not _NUMBER.search(t))
         cells.append({"length": length, "depth": depth, "trials": trials, "correct": int(sum(scores)),
                       "accuracy": float(np.mean(scores)), "non_numeric": non_numeric,
+                      "outcomes": [int(x) for x in scores],  # trial by trial: anyone can recompute an interval
                       "examples": [{"key": p.key, "output": t} for p, t in zip(prompts[:3], texts[:3])]})
         log.info("passkey L=%d depth=%.2f: accuracy %.3f (%d/%d; %d answers without a number)", length, depth,
                  cells[-1]["accuracy"], cells[-1]["correct"], trials, non_numeric)
