@@ -60,7 +60,9 @@ class EvalConfig:
     output_dir: str = "eval"
     """Where results.json and the PNG plots go."""
     seq_len: int | None = None
-    """L, tokens per held-out sequence. None: 131072 on CUDA, 16 x train_len on CPU."""
+    """L, tokens per held-out sequence. None: the held-out data's data.val_length, else 16 x its data.seq_len (the
+    first run's own data unless data= / data.* say otherwise; on CPU and CUDA alike). run_eval on sequences it is
+    given: 131072 on CUDA, 16 x train_len on CPU."""
     num_sequences: int = 8
     """Held-out sequences for the position-wise / state evaluation."""
     train_len: int | None = None

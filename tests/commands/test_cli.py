@@ -93,6 +93,18 @@ def test_an_eval_typo_fails_before_any_model_is_loaded(capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_eval_help_says_the_held_out_length_the_command_takes(capsys, tmp_path, experiment, cli_logs):
+    from recurlen.training.finetune import run_finetune
+
+    rc, out, _ = run(capsys, "eval", "--help")
+    line = " ".join(next(ln for ln in out.splitlines() if ln.strip().startswith("seq_len ")).split())
+    # It said "None: 131072 on CUDA, 16 x train_len on CPU"; the command takes the data's val_length (the demo's 32T).
+    assert rc == 0 and "None: the held-out data's data.val_length, else 16 x its data.seq_len" in line, line
+    run_dir = run_finetune(experiment(tmp_path / "run", "data.val_length=96"))
+    rc, out, err = run(capsys, "eval", str(run_dir), "--dry-run")
+    assert rc == 0 and "8 sequences of 96 tokens" in out, out + err
+
+
 def test_eval_takes_options_and_settings_in_any_order(capsys, tmp_path):
     rc, out, err = run(capsys, "eval", "--out", str(tmp_path), "state-spaces/mamba2-780m", "seq_len=4096",
                        "data=pg19", "num_sequences=2", "--dry-run", "data.max_documents=10")
