@@ -330,6 +330,19 @@ def cmd_demo(w: Words) -> int:
     return 0
 
 
+def cmd_arbiter(w: Words) -> int:
+    from recurlen.commands.arbiter import arbiter_plan, load_arbiter_config, run_arbiter
+
+    with user_input():
+        cfg = load_arbiter_config(w.words)
+        plan = arbiter_plan(cfg)
+    if w.dry_run:
+        return _dry(plan)
+    report = run_arbiter(cfg)
+    _out(report.read_text())  # the arbiter's output is its table
+    return 0
+
+
 def cmd_generate(w: Words) -> int:
     from omegaconf import OmegaConf
 
@@ -432,6 +445,15 @@ def _demo_values(w: Words):
         return None
 
 
+def _arbiter_values(w: Words):
+    from recurlen.commands.arbiter import load_arbiter_config
+
+    try:
+        return load_arbiter_config(w.words)
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Command:
     run: Callable[[Words], int]
@@ -465,6 +487,10 @@ COMMANDS: dict[str, Command] = {
     "demo": Command(cmd_demo, "the CPU demo: failure past T and its fix, with a report (make demo)",
                     _settings_help("demo", "[KEY=VALUE ...]", "recurlen.commands.demo.DemoConfig", skip=("pipeline",),
                                    values=_demo_values)),
+    "arbiter": Command(cmd_arbiter, "a base that retrieves and is a language model: its post-trainings and the "
+                       "training-free fixes judged by the loss and by retrieval (make arbiter)",
+                       _settings_help("arbiter", "[KEY=VALUE ...]", "recurlen.commands.arbiter.ArbiterConfig",
+                                      skip=("pipeline",), values=_arbiter_values)),
     "generate": Command(cmd_generate, "greedy continuation from a prompt",
                         _settings_help("generate", "[--checkpoint PATH] [KEY=VALUE ...]",
                                        "recurlen.evaluation.generation.GenerateConfig"),
