@@ -29,6 +29,13 @@ and, to make training go non-finite at a given optimizer step,
   what    loss (the step's loss), grad (a gradient, before the optimizer step), state (the final state of
           layer 0) or weight (a weight, right after the optimizer step)
 
+and, to stop a tokenize worker of data.tokenize=needed on a chunk of a build (the worker process reads it),
+
+  RECURLEN_FAULT="point=tokenize,chunk=0,action=stall"
+
+  chunk   the chunk's index in its build (0: the first chunk the build hands out; default 0)
+  action  stall (the worker waits for ever without using the CPU, as a deadlocked process does) or kill
+
 The trainer adds the callback that injects training faults (recurlen.training.fault_injection) only when one is
 asked for; a run without it has no fault code in its steps.
 """
@@ -38,13 +45,14 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 from pathlib import Path
 
 FAULT_ENV = "RECURLEN_FAULT"
 WRITE_POINTS = ("start", "middle", "rename")
 RUN_POINTS = ("train", "validation")
-POINTS = (*WRITE_POINTS, "step", *RUN_POINTS)
-ACTIONS = ("kill", "enospc", "nan", "signal")
+POINTS = (*WRITE_POINTS, "step", *RUN_POINTS, "tokenize")
+ACTIONS = ("kill", "enospc", "nan", "signal", "stall")
 NAN_TARGETS = ("loss", "grad", "state", "weight")
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGKILL")
 MOMENTS = {"train": ("batch_start", "after_backward", "batch_end"), "validation": ("start", "batch", "end")}
@@ -62,6 +70,11 @@ def _spec() -> dict[str, str] | None:
         raise ValueError(f"{FAULT_ENV}={raw!r}: point must be one of {list(POINTS)}, action one of {list(ACTIONS)}")
     if (point == "step") != (action == "nan") or (action == "nan" and spec.get("what") not in NAN_TARGETS):
         raise ValueError(f"{FAULT_ENV}={raw!r}: point=step goes with action=nan and what= one of {list(NAN_TARGETS)}")
+    if (point == "tokenize" and action not in ("stall", "kill")) or (action == "stall" and point != "tokenize"):
+        raise ValueError(f"{FAULT_ENV}={raw!r}: point=tokenize goes with action=stall or kill, action=stall with "
+                         "point=tokenize")
+    if point == "tokenize" and not spec.setdefault("chunk", "0").isdigit():
+        raise ValueError(f"{FAULT_ENV}={raw!r}: point=tokenize takes chunk=N")
     if action == "signal" and spec.get("signal") not in SIGNALS:
         raise ValueError(f"{FAULT_ENV}={raw!r}: action=signal needs signal= one of {list(SIGNALS)}")
     if point in RUN_POINTS:
@@ -99,6 +112,18 @@ def run_fault() -> tuple[str, int, str, int] | None:
     return spec["point"], int(spec["step"]), spec["moment"], _signum(spec)
 
 
+def tokenize_fault(chunk: int) -> None:
+    """Called by a tokenize worker before it tokenizes chunk `chunk` of a build; does nothing unless RECURLEN_FAULT
+    asks for this chunk. stall: sleep for ever (no CPU used, no result), as a worker deadlocked on a lock does."""
+    spec = _spec()
+    if spec is None or spec["point"] != "tokenize" or int(spec["chunk"]) != chunk:
+        return
+    if spec["action"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        time.sleep(3600)
+
+
 def at(point: str, target: Path, tmp: Path | None = None) -> None:
     """Called by recurlen.util.atomic_files at each point of an atomic write; does nothing unless a fault is armed."""
     global _seen
@@ -124,4 +149,4 @@ def at(point: str, target: Path, tmp: Path | None = None) -> None:
 
 
 __all__ = ["ACTIONS", "FAULT_ENV", "MOMENTS", "NAN_TARGETS", "POINTS", "RUN_POINTS", "SIGNALS", "WRITE_POINTS", "at",
-           "nan_fault", "run_fault"]
+           "nan_fault", "run_fault", "tokenize_fault"]

@@ -7,12 +7,14 @@ Layout, `<cache_root>/prefix-<key>/` (the key hashes the source's files and the 
 
 meta.json is replaced last and says how much of the other files is valid, so an interrupted extension leaves the
 cache as it was (a longer tokens.bin is cut back before the next append). Extensions hold a file lock: ranks and
-runs sharing a cache never tokenize the same rows twice. Documents are tokenized by worker processes, a chunk of
-rows each, and written in source order.
+runs sharing a cache never tokenize the same rows twice. Documents are tokenized by worker processes
+(tokenize_pool.py), a chunk of rows each, and written in source order; a worker that stalls or ends stops the build
+with one line, and what was appended before it is committed, so a rerun continues from there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from recurlen.training.data import tokenize_worker
 from recurlen.training.data.config import DataConfig
-from recurlen.training.data.corpus import Corpus, TokenizeBatch, corpus_key, token_dtype, tokenizer_fingerprint
+from recurlen.training.data.corpus import Corpus, corpus_key, token_dtype, tokenizer_fingerprint
 from recurlen.training.data.source_rows import Row, iter_rows
 from recurlen.training.data.sources import Source, resolve_source, source_fingerprint
-from recurlen.util.tokenizers import Tokenizer, load_tokenizer
+from recurlen.training.data.tokenize_pool import WorkerLost, WorkerPool
+from recurlen.util.tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +68,6 @@ def tokenize_needed(cfg: DataConfig, source: Source | None = None) -> bool:
             and readable(source))
 
 
-# ----- worker side -----
-_TOKENIZE: TokenizeBatch | None = None
-
-
-def _init_worker(spec: str, dtype: str, *, process: bool = True) -> None:
-    global _TOKENIZE
-    if process:  # one process per core: the Rust tokenizer's own thread pool would only compete with the others
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _TOKENIZE = TokenizeBatch(load_tokenizer(spec), text_field="text", id_field="id", dtype=np.dtype(dtype))
-
-
-def _tokenize_chunk(rows: list[Row]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    assert _TOKENIZE is not None, "worker not initialised"
-    out = _TOKENIZE({"text": [r[0] for r in rows], "id": [r[1] for r in rows]})
-    lengths = np.array([len(i) for i in out["ids"]], dtype=np.int64)
-    flat = np.concatenate(out["ids"]) if len(rows) else np.zeros(0, _TOKENIZE.dtype)
-    return flat, lengths, out["hash"], len(rows)
-
-
 def _chunks(rows: Iterator[Row]) -> Iterator[list[Row]]:
     chunk, size = [], 0
     for row in rows:
@@ -96,7 +81,7 @@ def _chunks(rows: Iterator[Row]) -> Iterator[list[Row]]:
 
 
 class _Done:
-    """A result already computed, with the `get()` of the pool's AsyncResult."""
+    """A result already computed, with the `get()` of the pool's pending chunks."""
 
     def __init__(self, result) -> None:
         self.result = result
@@ -109,37 +94,20 @@ class _Serial:
     """The pool's interface in this process (one worker: no processes to start)."""
 
     def __init__(self, spec: str, dtype: str) -> None:
-        _init_worker(spec, dtype, process=False)
+        tokenize_worker.init(spec, dtype, process=False)
 
     def submit(self, chunk):
-        return _Done(_tokenize_chunk(chunk))
+        return _Done(tokenize_worker.tokenize_chunk(chunk))
 
     def close(self) -> None:
         pass
-
-
-class _Pool:
-    def __init__(self, workers: int, spec: str, dtype: str) -> None:
-        import multiprocessing
-
-        # fork: spawn would re-run a user's script without a __main__ guard in every worker. The parent never
-        # tokenizes with its own Rust tokenizer here (each worker loads one), so no thread pool is forked mid-use.
-        context = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        self.pool = multiprocessing.get_context(context).Pool(workers, _init_worker, (spec, dtype))
-
-    def submit(self, chunk):
-        return self.pool.apply_async(_tokenize_chunk, (chunk,))
-
-    def close(self) -> None:
-        self.pool.terminate()
-        self.pool.join()
 
 
 def tokenize_in_order(rows: Iterator[Row], spec: str, dtype: np.dtype, *, workers: int,
                       ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
     """(tokens, lengths, hashes, rows) of successive chunks of rows, tokenized by `workers` processes, in order.
     At most 2 chunks per worker are in flight, so a source is never read further ahead than that."""
-    pool = _Serial(spec, dtype.name) if workers <= 1 else _Pool(workers, spec, dtype.name)
+    pool = _Serial(spec, dtype.name) if workers <= 1 else WorkerPool(workers, spec, dtype.name)
     pending: deque = deque()
     try:
         for chunk in _chunks(rows):
@@ -207,21 +175,31 @@ class PrefixCache:
                    dynamic_ncols=True, mininterval=1.0)
         with open(self.path / "tokens.bin", "ab") as out:
             out.truncate(n_tokens * self.dtype.itemsize)  # what an interrupted extension appended is not valid
-            for flat, lengths, doc_hash, n_rows in tokenize_in_order(rows, self.tokenizer.name, self.dtype,
-                                                                     workers=workers):
-                keep = lengths > 0  # empty documents are dropped, as in the whole-source cache
-                np.ascontiguousarray(flat, dtype=self.dtype).tofile(out)
-                offsets.append(n_tokens + np.cumsum(lengths[keep]))
-                hashes.append(doc_hash[keep].astype(np.uint64))
-                n_docs, n_tokens, rows_read = n_docs + int(keep.sum()), n_tokens + len(flat), rows_read + n_rows
-                bar.update(len(flat))
-                if n_tokens >= target_tokens:
-                    complete = False
-                    break
-                if time.monotonic() - last_commit > COMMIT_SECONDS:
-                    out.flush()
-                    self._commit(meta, offsets, hashes, n_docs, n_tokens, rows_read, complete=False)
-                    last_commit = time.monotonic()
+            # closing: the workers end when this loop does (a break, an error), not when the generator is collected
+            chunks = contextlib.closing(tokenize_in_order(rows, self.tokenizer.name, self.dtype, workers=workers))
+            try:
+                with chunks as tokenized:
+                    for flat, lengths, doc_hash, n_rows in tokenized:
+                        keep = lengths > 0  # empty documents are dropped, as in the whole-source cache
+                        np.ascontiguousarray(flat, dtype=self.dtype).tofile(out)
+                        offsets.append(n_tokens + np.cumsum(lengths[keep]))
+                        hashes.append(doc_hash[keep].astype(np.uint64))
+                        n_docs, n_tokens, rows_read = n_docs + int(keep.sum()), n_tokens + len(flat), rows_read + n_rows
+                        bar.update(len(flat))
+                        if n_tokens >= target_tokens:
+                            complete = False
+                            break
+                        if time.monotonic() - last_commit > COMMIT_SECONDS:
+                            out.flush()
+                            self._commit(meta, offsets, hashes, n_docs, n_tokens, rows_read, complete=False)
+                            last_commit = time.monotonic()
+            except WorkerLost as err:  # keep what the chunks before it gave: a rerun continues from there
+                bar.close()
+                out.flush()
+                self._commit(meta, offsets, hashes, n_docs, n_tokens, rows_read, complete=False)
+                raise WorkerLost(f"tokenizing {self.cfg.source} into the token cache {self.path}: {err}; the cache "
+                                 f"keeps the {n_docs} documents tokenized before it and a rerun continues from there "
+                                 "(data.num_proc=1 tokenizes in the run's own process)") from None
             out.flush()
             os.fsync(out.fileno())
         bar.close()
@@ -257,9 +235,13 @@ def sample_rate(cfg: DataConfig, tokenizer: Tokenizer, source: Source, *, worker
 
     tokens = documents = 0
     begin = time.perf_counter()
-    for flat, lengths, _, _ in tokenize_in_order(first_rows(), tokenizer.name, token_dtype(tokenizer.vocab_size),
-                                                 workers=workers):
-        tokens, documents = tokens + len(flat), documents + len(lengths)
+    try:
+        for flat, lengths, _, _ in tokenize_in_order(first_rows(), tokenizer.name, token_dtype(tokenizer.vocab_size),
+                                                     workers=workers):
+            tokens, documents = tokens + len(flat), documents + len(lengths)
+    except WorkerLost as err:
+        raise WorkerLost(f"tokenizing the first {max_bytes >> 20} MB of {cfg.source} to measure the rate: {err}; "
+                         "rerun (data.num_proc=1 tokenizes in the run's own process)") from None
     seconds = time.perf_counter() - begin
     return tokens / max(seconds, 1e-9), tokens / max(documents, 1)
 
