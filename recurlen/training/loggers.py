@@ -31,14 +31,23 @@ def check_logger_names(names: list[str]) -> None:
 
 
 def check_installed(names: list[str]) -> None:
-    """Each chosen logger's package imports here; a missing one is one line naming it (before anything is written)."""
+    """Each chosen logger's package imports here; the missing ones are one line naming every one of them (before
+    anything is written)."""
+    missing = {}
     for name in names:
-        package = OPTIONAL_LOGGERS[name]
         try:
-            importlib.import_module(package)
+            importlib.import_module(OPTIONAL_LOGGERS[name])
         except ImportError:
-            raise UserError(f"trainer.loggers=[{name}] needs the {package} package, which is not installed here: "
-                            f"pip install {package} (or leave {name} out of trainer.loggers)") from None
+            missing[name] = OPTIONAL_LOGGERS[name]
+    if len(missing) == 1:
+        (name, package), = missing.items()
+        raise UserError(f"trainer.loggers=[{name}] needs the {package} package, which is not installed here: "
+                        f"pip install {package} (or leave {name} out of trainer.loggers)")
+    if missing:
+        listed = ",".join(missing)
+        raise UserError(f"trainer.loggers=[{listed}] needs the packages {' and '.join(missing.values())}, which are "
+                        f"not installed here: pip install {' '.join(missing.values())} (or leave them out of "
+                        "trainer.loggers)")
 
 
 def describe(names: list[str], run: RunDir) -> str:

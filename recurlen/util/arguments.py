@@ -18,6 +18,7 @@ import functools
 import inspect
 import math
 import textwrap
+import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -168,6 +169,28 @@ def check_dotlist(words: Iterable[str], cls: type, *, what: str = "setting", ext
         check_key(word.split("=", 1)[0].lstrip("+~"), cls, what=what, extra=extra)
 
 
+def _list_typed(hint: Any) -> bool:
+    """list[...] or list[...] | None."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(typing.get_origin(arg) is list for arg in typing.get_args(hint))
+    return typing.get_origin(hint) is list
+
+
+def as_list(word: str, cls: type) -> str:
+    """`KEY=VALUE` for a list setting of cls with a bare VALUE (no brackets) as `KEY=[VALUE]`: trainer.loggers=wandb
+    means [wandb] and task.lengths=512 means [512], which omegaconf refuses ("AnyNode is not a ListConfig")."""
+    key, sep, value = word.partition("=")
+    bare = value.strip()
+    if not sep or not bare or bare.startswith("[") or bare.lower() in ("null", "~"):
+        return word
+    current: Any = cls
+    for part in key.lstrip("+~").split("."):
+        if not dataclasses.is_dataclass(current):
+            return word
+        current = _hints(current).get(part)
+    return f"{key}=[{value}]" if _list_typed(current) else word
+
+
 def check_finite(values: Any, *, prefix: str = "", skip: Sequence[str] = ()) -> None:
     """A ValueError naming the first setting that is nan or +-inf, in a plain dict / list of settings (omegaconf's
     to_container of a typed config): the one rule every command's settings go through.
@@ -263,5 +286,5 @@ def render_help(usage: str, description: str, sections: Sequence[tuple[str, Sequ
     return "\n".join(lines).rstrip() + "\n"
 
 
-__all__ = ["Words", "check_dotlist", "check_finite", "check_key", "field_docs", "format_value", "render_help",
-           "schema_keys", "settings_help", "split_words", "suggest"]
+__all__ = ["Words", "as_list", "check_dotlist", "check_finite", "check_key", "field_docs", "format_value",
+           "render_help", "schema_keys", "settings_help", "split_words", "suggest"]

@@ -85,6 +85,24 @@ def test_a_logger_whose_package_is_missing_is_one_line_before_anything_is_writte
     assert not run.exists()
 
 
+def test_one_bare_logger_name_is_a_one_element_list():
+    # omegaconf refused it: "trainer.loggers: Invalid value assigned: AnyNode is not a ListConfig ..."
+    assert load_experiment(["trainer.loggers=wandb"])[0].trainer.loggers == ["wandb"]
+    assert load_experiment(["trainer.loggers=wandb,mlflow"])[0].trainer.loggers == ["wandb", "mlflow"]
+    assert load_experiment(["trainer.loggers=[mlflow]"])[0].trainer.loggers == ["mlflow"]
+
+
+def test_every_missing_logger_package_is_named_in_the_one_line(tmp_path, monkeypatch, capsys, cli_logs):
+    for name in ("wandb", "mlflow"):
+        monkeypatch.setitem(sys.modules, name, None)
+    run = tmp_path / "run"
+    assert main(["finetune", "model=nano", f"run_dir={run}", "trainer.loggers=[wandb,mlflow]", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["recurlen finetune: error: trainer.loggers=[wandb,mlflow] needs the packages wandb and mlflow, "
+                   "which are not installed here: pip install wandb mlflow (or leave them out of trainer.loggers)"]
+    assert not run.exists()
+
+
 def test_the_plan_says_where_the_run_logs(tmp_path, capsys, cli_logs):
     run = tmp_path / "run"
     assert main(["finetune", "model=nano", f"run_dir={run}", "--dry-run"]) == 0

@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from recurlen.models import registry, table
 from recurlen.training.experiments.schema import GROUPS, ExperimentConfig
 from recurlen.training.interventions import layout_for
-from recurlen.util.arguments import check_finite, check_key, schema_keys, suggest
+from recurlen.util.arguments import as_list, check_finite, check_key, schema_keys, suggest
 
 
 def experiments_dir() -> Path:
@@ -133,7 +133,7 @@ def parse_overrides(args: list[str], *, schema: type[ExperimentConfig] = Experim
             groups[key] = value
         else:
             check_key(key.lstrip("+~"), schema, what="key", extra=("experiment", *GROUPS))
-            dotlist.append(arg)
+            dotlist.append(as_list(arg, schema))
     return experiment, groups, dotlist
 
 
