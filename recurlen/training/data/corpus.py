@@ -28,6 +28,7 @@ import numpy as np
 
 from recurlen.training.data import embedded
 from recurlen.training.data.config import DataConfig
+from recurlen.training.data.source_rows import row_place
 from recurlen.training.data.sources import Source, check_columns, open_dataset, resolve_source, source_fingerprint
 from recurlen.util.tokenizers import ByteTokenizer, Tokenizer
 
@@ -144,11 +145,16 @@ class _Writer:
         self._file = open(directory / "tokens.bin", "wb")  # noqa: SIM115 (closed in finish / on error)
         self._lengths: list[np.ndarray] = []
         self._hashes: list[np.ndarray] = []
-        self.rows = 0
+        self.rows = self.documents = 0
+        self.first_empty: int | None = None
+        """The first row dropped for having no text."""
 
     def add_batch(self, flat: np.ndarray, lengths: np.ndarray, hashes: np.ndarray) -> None:
         np.ascontiguousarray(flat, dtype=self.dtype).tofile(self._file)
         keep = lengths > 0
+        if self.first_empty is None and not keep.all():
+            self.first_empty = self.rows + int(np.argmin(keep))
+        self.documents += int(keep.sum())
         self._lengths.append(lengths[keep].astype(np.int64))
         self._hashes.append(hashes[keep].astype(np.uint64))
         self.rows += len(lengths)
@@ -275,6 +281,17 @@ def _build(cfg: DataConfig, tokenizer: Tokenizer, source: Source, key: str, tmp:
         raise
     writer.finish(meta, what=f"source={cfg.source!r}")
     shutil.rmtree(tmp / "tokenized", ignore_errors=True)  # the Arrow map output, now flattened into tokens.bin
+    if writer.first_empty is not None and source.kind != "embedded":
+        log.warning(dropped_rows(cfg, source, rows=writer.rows, kept=writer.documents, first=writer.first_empty))
+
+
+def dropped_rows(cfg: DataConfig, source: Source, *, rows: int, kept: int, first: int) -> str:
+    """The line both tokenize modes log when rows had no text: a row without text_field is one, as a null or an
+    empty one is (datasets reads a missing field as null, so tokenize='all' cannot tell them apart), and each mode
+    drops it, so that both caches hold the same documents."""
+    return (f"source={cfg.source!r}: {rows - kept} of the {rows} rows read have no text in text_field="
+            f"{cfg.text_field!r} (missing, null or empty): dropped, not documents; the first is at "
+            f"{row_place(source, cfg, first)}")
 
 
 def _write_embedded(cfg: DataConfig, tokenizer: Tokenizer, writer: _Writer) -> None:
@@ -317,4 +334,5 @@ def _write_dataset(cfg: DataConfig, tokenizer: Tokenizer, source: Source, key: s
                          table.column("hash").to_numpy().astype(np.uint64))
 
 
-__all__ = ["CACHE_VERSION", "Corpus", "TokenizeBatch", "corpus_key", "document_hash", "load_corpus", "token_dtype"]
+__all__ = ["CACHE_VERSION", "Corpus", "TokenizeBatch", "corpus_key", "document_hash", "dropped_rows", "load_corpus",
+           "token_dtype"]

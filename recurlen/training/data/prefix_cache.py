@@ -27,7 +27,7 @@ import numpy as np
 
 from recurlen.training.data import tokenize_worker
 from recurlen.training.data.config import DataConfig
-from recurlen.training.data.corpus import Corpus, corpus_key, token_dtype, tokenizer_fingerprint
+from recurlen.training.data.corpus import Corpus, corpus_key, dropped_rows, token_dtype, tokenizer_fingerprint
 from recurlen.training.data.source_rows import Row, iter_rows
 from recurlen.training.data.sources import Source, resolve_source, source_fingerprint
 from recurlen.training.data.tokenize_pool import WorkerLost, WorkerPool
@@ -171,6 +171,7 @@ class PrefixCache:
         if self.cfg.max_documents is not None:
             rows = (r for i, r in zip(range(self.cfg.max_documents - rows_read), rows))
         complete, last_commit = True, time.monotonic()
+        first_row, first_empty, docs_before = rows_read, None, n_docs
         bar = tqdm(total=target_tokens, initial=n_tokens, unit="tok", unit_scale=True, desc="tokenizing",
                    dynamic_ncols=True, mininterval=1.0)
         with open(self.path / "tokens.bin", "ab") as out:
@@ -180,7 +181,9 @@ class PrefixCache:
             try:
                 with chunks as tokenized:
                     for flat, lengths, doc_hash, n_rows in tokenized:
-                        keep = lengths > 0  # empty documents are dropped, as in the whole-source cache
+                        keep = lengths > 0  # rows without text are dropped, as in the whole-source cache
+                        if first_empty is None and not keep.all():
+                            first_empty = rows_read + int(np.argmin(keep))
                         np.ascontiguousarray(flat, dtype=self.dtype).tofile(out)
                         offsets.append(n_tokens + np.cumsum(lengths[keep]))
                         hashes.append(doc_hash[keep].astype(np.uint64))
@@ -204,6 +207,9 @@ class PrefixCache:
             os.fsync(out.fileno())
         bar.close()
         self._commit(meta, offsets, hashes, n_docs, n_tokens, rows_read, complete=complete)
+        if first_empty is not None:
+            log.warning(dropped_rows(self.cfg, self.source, rows=rows_read - first_row, kept=n_docs - docs_before,
+                                     first=first_empty))
         log.info("token cache %s: %d documents, %d tokens (%d source rows read)%s", self.path, n_docs, n_tokens,
                  rows_read, "; the source ends there" if complete else "")
 
@@ -213,7 +219,8 @@ class PrefixCache:
             tmp = self.path / f".{name}.tmp.npy"
             np.save(tmp, np.concatenate(parts))
             os.replace(tmp, self.path / name)
-        meta = dict(meta, num_documents=n_docs, num_tokens=n_tokens, rows_read=rows_read, complete=complete)
+        meta = dict(meta, num_documents=n_docs, num_tokens=n_tokens, rows_read=rows_read, complete=complete,
+                    skipped_empty=rows_read - n_docs)
         tmp = self.path / ".meta.json.tmp"
         tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
         os.replace(tmp, self.path / "meta.json")

@@ -19,6 +19,10 @@ from recurlen.training.data.sources import Source
 
 Row = tuple[Any, Any]
 """(text, id): the document's text and what decides its held-out membership (the text itself without id_field)."""
+FIELD_CHECK_ROWS = 1000
+"""A JSON-lines source whose first this many rows (all of them, when it has fewer) lack text_field is refused: the
+field is misspelt, as tokenize='all' says of a column that no row has. A row here and there without it is a document
+without text, dropped and counted as tokenize='all' drops it (datasets reads a missing field as null)."""
 
 
 def _json_lines(path: Path, source: str) -> bool:
@@ -41,6 +45,7 @@ def readable(source: Source) -> bool:
 def iter_rows(source: Source, cfg: DataConfig, *, skip: int = 0) -> Iterator[Row]:
     """Every row of the source in file order, from row `skip` on (earlier rows are passed over, not parsed)."""
     seen = 0
+    probe: tuple | None = () if skip == 0 else None  # a read from the start checks the field (FIELD_CHECK_ROWS)
     for path in source.files:
         if path.stat().st_size == 0:
             continue
@@ -60,23 +65,44 @@ def iter_rows(source: Source, cfg: DataConfig, *, skip: int = 0) -> Iterator[Row
                     if not line.strip():
                         continue
                     if seen >= skip:
-                        yield _json_row(line, cfg, path, line_no)
+                        row = _json_row(line, cfg, path, line_no)
+                        if probe is not None:  # the source's first rows: is text_field a field of it at all?
+                            probe = _probe(probe, row, cfg, path, line_no)
+                        text = row.get(cfg.text_field)  # a row without it: no text, as a null one
+                        yield text, row[cfg.id_field] if cfg.id_field else text
                     seen += 1
+    if probe:  # the source ended before any of its rows had the field
+        _refuse_field(cfg, *probe)
 
 
-def _json_row(line: bytes, cfg: DataConfig, path: Path, line_no: int) -> Row:
+def _json_row(line: bytes, cfg: DataConfig, path: Path, line_no: int) -> dict:
     try:
         row = json.loads(line)
     except ValueError as err:
         raise ValueError(f"source={cfg.source!r}: {path.name} line {line_no} is not JSON ({err}); fix or remove "
                          "the file") from None
-    if not isinstance(row, dict) or cfg.text_field not in row or (cfg.id_field and cfg.id_field not in row):
-        fields = sorted(row) if isinstance(row, dict) else type(row).__name__
-        missing = cfg.text_field if not isinstance(row, dict) or cfg.text_field not in row else cfg.id_field
-        raise ValueError(f"{'text_field' if missing == cfg.text_field else 'id_field'}={missing!r} is not a field "
-                         f"of source={cfg.source!r} ({path.name} line {line_no}); its fields: {fields}")
-    text = row[cfg.text_field]
-    return text, row[cfg.id_field] if cfg.id_field else text
+    if not isinstance(row, dict):
+        _refuse_field(cfg, path, line_no, type(row).__name__, 1)
+    if cfg.id_field and cfg.id_field not in row:
+        raise ValueError(f"id_field={cfg.id_field!r} is not a field of source={cfg.source!r} ({path.name} line "
+                         f"{line_no}); its fields: {sorted(row)}")
+    return row
+
+
+def _probe(probe: tuple, row: dict, cfg: DataConfig, path: Path, line_no: int) -> tuple | None:
+    """None once a row has text_field; else (the first row's file, line and fields, the rows without it so far)."""
+    if cfg.text_field in row:
+        return None
+    path, line_no, fields, rows = probe or (path, line_no, sorted(row), 0)
+    if rows + 1 >= FIELD_CHECK_ROWS:
+        _refuse_field(cfg, path, line_no, fields, rows + 1)
+    return path, line_no, fields, rows + 1
+
+
+def _refuse_field(cfg: DataConfig, path: Path, line_no: int, fields: Any, rows: int) -> None:
+    more = f" and the {rows - 1} rows after it" if rows > 1 else ""
+    raise ValueError(f"text_field={cfg.text_field!r} is not a field of source={cfg.source!r} ({path.name} line "
+                     f"{line_no}{more}); its fields: {fields}")
 
 
 def _parquet_rows(path: Path, cfg: DataConfig, *, skip: int) -> Iterator[Row]:
@@ -102,4 +128,34 @@ def _parquet_rows(path: Path, cfg: DataConfig, *, skip: int) -> Iterator[Row]:
         start += rows
 
 
-__all__ = ["Row", "iter_rows", "readable"]
+def row_place(source: Source, cfg: DataConfig, row: int) -> str:
+    """Where row `row` (0: the first; blank lines are no rows) of a source is: '<file> line N' in JSON lines, '<file>
+    row N' in parquet, the file of a text source, 'row N' in any other (a hub or saved dataset, a JSON array, csv)."""
+    if source.kind != "files" or source.builder not in ("json", "parquet", "text"):
+        return f"row {row + 1}"
+    seen = 0
+    for path in (f for f in source.files if f.stat().st_size > 0):
+        if source.builder == "text":
+            if seen == row:
+                return path.name
+            seen += 1
+        elif source.builder == "parquet":
+            import pyarrow.parquet as pq
+
+            rows = pq.ParquetFile(path).metadata.num_rows
+            if row < seen + rows:
+                return f"{path.name} row {row - seen + 1}"
+            seen += rows
+        elif not _json_lines(path, source.location):
+            break
+        else:
+            with reading(source.location, path), open_file(path) as f:
+                for line_no, line in enumerate(f, 1):
+                    if line.strip():
+                        if seen == row:
+                            return f"{path.name} line {line_no}"
+                        seen += 1
+    return f"row {row + 1}"
+
+
+__all__ = ["FIELD_CHECK_ROWS", "Row", "iter_rows", "readable", "row_place"]
