@@ -75,3 +75,30 @@ def test_make_demo_seeds_passes_seeds_to_the_demo():
     assert "seeds=3" in out.stdout, out.stdout
     plain = subprocess.run(["make", "-n", "demo"], cwd=root, capture_output=True, text=True, timeout=60)
     assert "seeds=" not in plain.stdout, plain.stdout
+
+
+def test_each_seed_runs_the_whole_demo_in_its_root_and_the_report_counts_them(tmp_path, monkeypatch):
+    """run_demo with seeds=3: the pipeline once per seed with that seed's settings (stages stubbed by a synthetic
+    evaluation), then seed 0's report written again with the seeds' counts and results.json's "seeds"."""
+    import recurlen.commands.demo as demo
+
+    seen = []
+
+    def fake_run_demo(cfg):
+        seen.append((cfg.run_root, cfg.seeds, list(cfg.overrides)))
+        root = Path(cfg.run_root)
+        synthetic_demo(root, 0.6 - 0.2 * len(seen), 0.0)
+        (root / demo.TIMINGS).write_text(json.dumps({"stages": []}))
+        return root
+
+    monkeypatch.setattr(demo, "_run_demo", fake_run_demo)
+    monkeypatch.setattr(demo, "setup_notes", lambda cfg: ["## Setup", ""])
+    root = tmp_path / "demo"
+    cfg = load_demo_config([f"run_root={root}", "seeds=3", "overrides=[data.max_documents=60]"])
+    assert demo._run_seeds(cfg) == root
+    assert seen == [(str(root), 1, ["data.max_documents=60"]),
+                    (str(root / "seeds" / "1"), 1, ["data.max_documents=60", "seed=1", "data.seed=1"]),
+                    (str(root / "seeds" / "2"), 1, ["data.max_documents=60", "seed=2", "data.seed=2"])]
+    report = (root / "report.md").read_text()
+    assert "## Across seeds" in report and "| base | fails 1/3, mostly holds 1/3, holds 1/3 |" in report
+    assert json.loads((root / "results.json").read_text())["seeds"]["seeds"] == 3
