@@ -95,9 +95,16 @@ COMMANDS: dict[str, dict] = {
     "205": {"argv": [*FINETUNE, "data.layout=packed", "data.val_segments=0", "data.val_sequences=0", "run_dir={D}"],
             "present": "{D}/checkpoints/last.ckpt"},
     "208": {"argv": ["demo", "quick=true", "run_root={D}", "--dry-run"], "absent": "{D}"},
+    **{str(n): {"argv": [*FINETUNE, "data.source={W}/big.jsonl", "data.tokenize=needed", "data.num_proc=2",
+                         "run_dir={D}"], "setup": "big_jsonl", "absent": "{D}",
+                "env": {"RECURLEN_FAULT": f"point=tokenize,chunk=0,action={action}"}}
+       for n, action in ((213, "stall"), (214, "kill"))},
+    "215": {"argv": [*FINETUNE, "data.source={W}/mixed.jsonl", "data.tokenize=needed", "run_dir={D}"],
+            "setup": "mixed_jsonl", "present": "{D}/checkpoints/last.ckpt"},
 }
 """Rows re-run as commands (after `recurlen`): {RUN} the finished run `finetune $B $C`, {M1RUN} the same on
-mamba1-nano, {D} a fresh directory of the row, {W} the scratch directory. absent: must not exist afterwards;
+mamba1-nano, {D} a fresh directory of the row, {W} the scratch directory. env: set for the command (a fault hook's
+RECURLEN_FAULT, which other commands never inherit). absent: must not exist afterwards;
 present: must exist; untouched: RUN (or the path given) keeps every file's md5; weights: the run trained there ends
 bitwise equal to RUN; places: what the table's placeholders stand for in its quotes (besides RUN, D and xc)."""
 
@@ -214,9 +221,11 @@ class Scratch:
         self._run: Path | None = None
         self._m1: Path | None = None
 
-    def recurlen(self, argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    def recurlen(self, argv: list[str], cwd: Path | None = None,
+                 extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RECURLEN_FAULT", "RANK", "LOCAL_RANK"))}
-        env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", RECURLEN_CACHE=str(self.work / "cache"))
+        env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", RECURLEN_CACHE=str(self.work / "cache"),
+                   **(extra_env or {}))
         argv = [*argv, *([f"data.cache_dir={self.work / 'cache'}"] if argv[0] == "finetune" else [])]
         return subprocess.run([sys.executable, "-m", "recurlen", *argv], cwd=cwd or self.work, env=env,
                               capture_output=True, text=True, timeout=1200)
@@ -273,10 +282,24 @@ def setup(kind: str, s: Scratch, d: Path) -> None:
         (s.work / "list.json").write_text("[1, 2, 3]")
     elif kind == "mkdir_pq":
         (s.work / "p" / "q").mkdir(parents=True, exist_ok=True)
+    elif kind == "big_jsonl":  # #213, #214: 8,000 rows (~2.4 MB), dozens of the token cache's chunks
+        write_jsonl(s.work / "big.jsonl", [{"text": f"doc {i}: " + " ".join(["state", "lane", "scan"][j % 3]
+                                                                           for j in range(20 + i % 60))}
+                                           for i in range(8000)])
+    elif kind == "mixed_jsonl":  # #215: 400 rows, every tenth without "text", row 5 a null text, row 7 an empty one
+        rows = [{"text": f"doc {i}: " + "the state of a lane " * 8} if i % 10 else {"title": f"no text {i}"}
+                for i in range(400)]
+        rows[5], rows[7] = {"text": None}, {"text": ""}
+        write_jsonl(s.work / "mixed.jsonl", rows)
     elif kind == "export_run":  # #201: RUN exported on its own, without a card
         proc = s.recurlen(["export", str(s.run), "--out", str(d / "export"), "card=false"])
         if proc.returncode != 0:
             raise SystemExit(f"exporting RUN failed: {proc.stderr[-2000:]}")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    if not path.exists():
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def fill(text: str, s: Scratch, d: Path) -> str:
@@ -313,7 +336,7 @@ def check_command(row: Row, spec: dict, s: Scratch) -> tuple[bool, str, str]:
     cwd = Path(fill(spec["cwd"], s, d)) if spec.get("cwd") else None
     if cwd:
         cwd.mkdir(parents=True, exist_ok=True)
-    proc = s.recurlen([fill(a, s, d) for a in spec["argv"]], cwd=cwd)
+    proc = s.recurlen([fill(a, s, d) for a in spec["argv"]], cwd=cwd, extra_env=spec.get("env"))
     output = proc.stdout + proc.stderr
     stated = re.search(r"\bexit (\d+)", row.outcome)
     want_code = int(stated.group(1)) if stated else CLASSES[row.klass]

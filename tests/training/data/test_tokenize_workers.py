@@ -134,7 +134,7 @@ def quick_stall(monkeypatch):
     monkeypatch.setattr(tokenize_pool, "STALL_SECONDS", 2.0)
 
 
-@pytest.mark.parametrize("action, how", [("stall", STALLED), ("kill", KILLED)])
+@pytest.mark.parametrize("action, how", [("stall", STALLED), ("kill", KILLED)], ids=["stall", "kill"])
 def test_a_worker_that_stalls_or_dies_is_one_line_and_leaves_no_process(tmp_path, source, capsys, monkeypatch,
                                                                        quick_stall, action, how):
     # The command's first build is the plan's: the rate measured on the source's first 2 MB.
@@ -155,7 +155,7 @@ def test_a_worker_that_stalls_or_dies_is_one_line_and_leaves_no_process(tmp_path
     assert not run.exists()
 
 
-@pytest.mark.parametrize("action, how", [("stall", STALLED), ("kill", KILLED)])
+@pytest.mark.parametrize("action, how", [("stall", STALLED), ("kill", KILLED)], ids=["stall", "kill"])
 def test_a_build_keeps_what_it_tokenized_before_a_lost_worker_and_a_rerun_continues(tmp_path, source, monkeypatch,
                                                                                     quick_stall, action, how):
     from recurlen.training.data import DataConfig
@@ -220,7 +220,7 @@ for build in range(builds):
     begin = time.perf_counter()
     corpus = PrefixCache(cfg, ByteTokenizer()).extend(lambda c: 0 if c.num_tokens else 1000)
     faulthandler.cancel_dump_traceback_later()
-    locked = sorted(p.name for p in (root / "run").iterdir())
+    locked = sorted(p.name for p in (root / "run").glob("writer.*"))  # not the heartbeat's temporary file
     print(build, corpus.num_documents, f"{time.perf_counter() - begin:.2f}", *locked, flush=True)
     shutil.rmtree(root / f"cache{build}")
 lock.release()
