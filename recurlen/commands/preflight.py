@@ -243,12 +243,16 @@ def experiment_plan(cfg, *, command: str, refusals: Refusals | None = None, lock
     if held is not None:
         refusals.add(str(held))
     iv = cfg.intervention
+    task = getattr(cfg, "task", None)  # task experiments only
+    trains = not (task is not None and task.name and not task.train)
     lines = [f"experiment   {cfg.name} -> {run_dir} ({resume})",
              f"model        {model} (backend {cfg.model.backend})",
              f"data         {describe_data(cfg.data, missing)}",
              f"intervention {iv.name}" + (f" (reset_prob {iv.reset_prob})" if iv.name in ("state_passing", "tbptt")
                                           else ""),
-             f"training     {t.max_steps} steps, lr {cfg.optim.lr:g}, {devices}"]
+             f"training     {t.max_steps} steps, lr {cfg.optim.lr:g}, {devices}" if trains else
+             f"training     none (task.train=false): the task evaluates "
+             f"{cfg.model.pretrained or f'the last checkpoint of {run_dir}'} as it is"]
     if not getattr(getattr(cfg, "task", None), "name", None):  # a task's own DataModule checks its own data
         from recurlen.training.data.heldout_fit import heldout_plan
 
@@ -272,12 +276,16 @@ def experiment_plan(cfg, *, command: str, refusals: Refusals | None = None, lock
     lines += missing.lines()
     if missing.refusal():
         refusals.add(missing.refusal())
-    lines.append(f"memory       {_memory_line(cfg, refusals)}")
+    if trains:
+        lines.append(f"memory       {_memory_line(cfg, refusals)}")
     lines.append(f"logs         {_logs_line(t.loggers, run)}")
-    task = getattr(cfg, "task", None)  # task experiments only
     if task is not None and task.name:
-        lines.append(f"task         {task.name} (train: {str(task.train).lower()}), lengths "
-                     f"{list(task.lengths or [])}")
+        from recurlen.evaluation.tasks.runner import eval_lengths
+
+        lines.append(f"task         {task.name} (train: {str(task.train).lower()}), lengths {eval_lengths(cfg)}")
+        task_memory = _task_memory_line(cfg, eval_lengths(cfg), refusals)
+        if task_memory:
+            lines.append(f"task memory  {task_memory}")
     if held is not None:
         lines.append(f"writer       refused: {held}")
     return [f"recurlen {command}: plan"] + [f"  {line}" for line in lines]
@@ -289,6 +297,23 @@ def _logs_line(names: list[str], run: RunDir) -> str:
 
     loggers.check_installed(names)
     return loggers.describe(names, run)
+
+
+def _task_memory_line(cfg, lengths: list[int], refusals: Refusals) -> str | None:
+    """The task's evaluation at its longest length (recurlen.evaluation.tasks.task_memory), and whether it fits here;
+    one that does not is refused before anything trains or is written."""
+    from recurlen.evaluation.tasks import task_memory
+    from recurlen.training import memory
+
+    est = task_memory.for_task(cfg, lengths)
+    if est is None:
+        return None
+    cpu = memory.available_bytes("cpu")
+    refusal = est.refusal(cpu, memory.available_bytes("cuda") if est.device == "cuda" else None)
+    if refusal is not None:
+        refusals.add(refusal)
+    here = f"; {memory.size_text(cpu)} of CPU memory available here" if cpu is not None else ""
+    return f"{est.describe()}{here}: " + ("does NOT fit: the task will refuse to start" if refusal else "fits")
 
 
 def _memory_line(cfg, refusals: Refusals | None = None) -> str:

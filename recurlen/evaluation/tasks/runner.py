@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from recurlen.evaluation.tasks import task_memory
 from recurlen.evaluation.tasks.config import TASKS, TaskExperimentConfig
 from recurlen.evaluation.tasks.datamodules import build_task_datamodule
 from recurlen.training.experiments.compose import resolved_config
@@ -388,6 +389,8 @@ def run_task(cfg: TaskExperimentConfig) -> Path:
         raise ValueError(f"task.name={cfg.task.name!r} is not a task to run; allowed: {list(TASKS)}")
     if cfg.task.train:  # the trained model's tokenizer: lengths it cannot evaluate are said before the training
         check_lengths(cfg, load_tokenizer(cfg.data.tokenizer))
+    # Prompts too long for this machine's memory: one line now, not the system's kill after the training.
+    task_memory.check_fits(task_memory.for_task(cfg, eval_lengths(cfg)))
     # Training and the evaluation written after it are one run: the writer lock covers both.
     with RunDir(cfg.resolved_run_dir).writer_lock(enabled=launch_rank() == 0):
         return RUNNERS[cfg.task.name](cfg)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from recurlen.commands import cli
+from recurlen.models import registry
 
 pytestmark = pytest.mark.usefixtures("cli_logs")
 
@@ -47,3 +48,86 @@ def test_a_length_below_the_prompt_s_own_size_is_one_line_without_training(tmp_p
                                   f"model.pretrained={model}", "task.lengths=[8]"))
     assert "niah lengths [8] are too short" in line
     assert not (tmp_path / "run" / "niah").exists()
+
+
+def test_prompts_too_long_for_the_memory_are_one_line_before_anything_is_written(tmp_path, cache_dir, capsys,
+                                                                                 monkeypatch):
+    from recurlen.training import memory
+
+    # NIAH at 10^9 tokens was killed by the system at 22 GB after 70 s, leaving writer.json / writer.lock behind.
+    # Here 0.75 GiB is all there is, whatever this machine has, and 4M tokens do not fit in it: without the refusal
+    # this test evaluates them (minutes, ~0.5 GB), it does not take the machine's memory.
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 3 * memory.GIB // 4)
+    run = tmp_path / "run"
+    line = one_line(capsys, _task("niah", run, cache_dir, "task.lengths=[4000000]"))
+    assert "niah at 4000000 tokens, 2 trials in batches of 2: about " in line, line
+    assert "but 0.75 GiB of CPU memory is available; lower task.lengths (up to about " in line, line
+    assert line.endswith("tokens fit), task.trials or task.eval_batch_size"), line
+    assert not run.exists()
+
+
+def test_the_dry_run_plans_what_the_task_runs(tmp_path, cache_dir, capsys, monkeypatch):
+    """task.train=false trains nothing: the plan said "training 400 steps" and the training's memory "fits"."""
+    from recurlen.training import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 16 * memory.GIB)
+    model = tmp_path / "model"
+    registry.get("mamba2").build(registry.get("mamba2").preset("nano")).save_pretrained(str(model))
+    argv = _task("niah", tmp_path / "run", cache_dir, "task.train=false", f"model.pretrained={model}",
+                 "task.lengths=[1000000000]", "--dry-run")
+    assert cli.main(argv) == 0
+    plan = capsys.readouterr().out
+    assert f"  training     none (task.train=false): the task evaluates {model} as it is" in plan, plan
+    assert "steps, lr" not in plan and "  memory       " not in plan, plan
+    assert "  task memory  niah at 1000000000 tokens" in plan and "does NOT fit" in plan, plan
+    assert "on this machine the run would be refused:\n  - niah at 1000000000 tokens" in plan, plan
+    trains = _task("niah", tmp_path / "run2", cache_dir, "task.lengths=[512]", "--dry-run")
+    assert cli.main(trains) == 0
+    plan = capsys.readouterr().out
+    assert "  training     1 steps, lr " in plan and "  memory       " in plan and "task memory  niah at 512" in plan
+
+
+def test_run_task_refuses_what_does_not_fit_before_it_trains(tmp_path, cache_dir, monkeypatch):
+    from recurlen.evaluation.tasks.config import load_task_experiment
+    from recurlen.evaluation.tasks.runner import run_task
+    from recurlen.training import memory
+    from recurlen.util.errors import UserError
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 3 * memory.GIB // 4)  # as above
+    cfg = load_task_experiment(["experiment=passkey", *_task("passkey", tmp_path / "run", cache_dir,
+                                                             "task.lengths=[4000000]")[1:]])
+    with pytest.raises(UserError, match=r"passkey at 4000000 tokens, 2 trials in batches of 2: about .* but "
+                                        r"0.75 GiB of CPU memory is available"):
+        run_task(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # a real passkey evaluation of a 1M-token prompt (~45 s on one core)
+def test_the_estimate_bounds_what_a_long_passkey_evaluation_takes(tmp_path):
+    """The peak resident memory a 2-trial, batch-2 evaluation at L = 2^20 adds lies between the prompts' share of
+    the estimate and the whole estimate (the prompts and the forward, an upper bound)."""
+    script = """
+import resource, sys, torch
+torch.set_num_threads(1)
+from recurlen.evaluation.tasks import task_memory
+from recurlen.evaluation.tasks.config import load_task_experiment
+from recurlen.evaluation.tasks.passkey import evaluate_passkey
+from recurlen.models import registry
+from recurlen.util.tokenizers import load_tokenizer
+L = 1 << 20
+cfg = load_task_experiment(["experiment=passkey", "model=nano", "task.trials=2", "task.eval_batch_size=2",
+                            f"task.lengths=[{L}]"])
+model = registry.get(cfg.model.architecture).build(cfg.model.config, backend="torch").eval()
+est = task_memory.for_task(cfg, [L], model=model)
+base = int(open("/proc/self/statm").read().split()[1]) * 4096
+evaluate_passkey(model, load_tokenizer("bytes"), lengths=[L], depths=[0.5], trials=2, seed=0, batch_size=2,
+                 chunk_len=cfg.task.chunk_len, max_new_tokens=1, progress=False)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(peak - base, est.prompts, est.forward)
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
+    grew, prompts, forward = (int(x) for x in out.stdout.split())
+    assert 0.5 * prompts < grew < prompts + forward, (grew, prompts, forward)
