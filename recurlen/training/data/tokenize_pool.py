@@ -165,7 +165,12 @@ class WorkerPool:
             sent = len(worker.outgoing)
         del worker.outgoing[:sent]
         if not worker.outgoing:
-            self.selector.unregister(worker.stdin)
+            self._unregister(worker.stdin)
+
+    def _unregister(self, fd: int) -> None:
+        # Idempotent: one select() can report both pipes of a worker that has just ended.
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(fd)
 
     def _read(self, worker: _Worker) -> None:
         try:
@@ -177,9 +182,8 @@ class WorkerPool:
             worker.parse()
             return
         # Its end (nothing else holds the pipe's other end): every result it sent was read before this.
-        for fd in (worker.stdin, worker.stdout):
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(fd)
+        self._unregister(worker.stdin)
+        self._unregister(worker.stdout)
         if worker.lost is None:
             when = (f"before returning chunk {worker.owed[0]} of this build" if worker.owed
                     else "while it waited for work")
@@ -204,9 +208,8 @@ class WorkerPool:
         """Close every worker's pipes and wait for it to end (at its next read or write: within the chunk it is on);
         one that stops using the CPU before it ends is stalled and is stopped."""
         for worker in self.workers:
-            for fd in (worker.stdin, worker.stdout):
-                with contextlib.suppress(KeyError, ValueError):  # not registered (no task waiting), or closed
-                    self.selector.unregister(fd)
+            self._unregister(worker.stdin)
+            self._unregister(worker.stdout)
             worker.close_pipes()
         self.selector.close()
         for worker in self.workers:
