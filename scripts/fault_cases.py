@@ -101,6 +101,29 @@ COMMANDS: dict[str, dict] = {
        for n, action in ((213, "stall"), (214, "kill"))},
     "215": {"argv": [*FINETUNE, "data.source={W}/mixed.jsonl", "data.tokenize=needed", "run_dir={D}"],
             "setup": "mixed_jsonl", "present": "{D}/checkpoints/last.ckpt"},
+    "216": {"argv": [*FINETUNE, "data.source={W}/empty.jsonl", "data.tokenize=needed", "run_dir={D}"],
+            "setup": "bad_data", "absent": "{D}"},
+    "217": {"argv": [*FINETUNE, "data.source={W}/text.jsonl.zst", "data.tokenize=needed", "run_dir={D}"],
+            "setup": "bad_data", "places": {"F": "{W}/text"}, "absent": "{D}"},
+    "218": {"argv": [*FINETUNE, "data.source={W}/damaged.jsonl.zst", "data.tokenize=all", "run_dir={D}"],
+            "setup": "bad_data", "places": {"F": "{W}/damaged"}, "absent": "{D}"},
+    **{str(n): {"argv": [task, "model=nano", "task.lengths=[8]", "run_dir={D}"], "absent": "{D}"}
+       for n, task in ((219, "niah"), (220, "passkey"))},
+    "221": {"argv": ["export", "{RUN}", "--out", "{W}/a-file/out"], "setup": "a_file", "places": {"F": "{W}/a-file"},
+            "absent": "{W}/a-file/out"},
+    "222": {"argv": ["export", "{RUN}", "--out", "{D}", "card=false"], "absent": "{D}",
+            "env": {"RECURLEN_FAULT": "point=start,file=pytorch_model.bin,action=enospc"}},
+    **{str(n): {"argv": ["eval", "x={RUN}", *words, "--out", "{D}"], "absent": "{D}"} for n, words in (
+        (223, ["fixes=[mambaextend]", "fix.mambaextend.method=backprop", "fix.mambaextend.lr=nan"]),
+        (224, ["fixes=[forget_more]", "fix.forget_more.memory=nan"]),
+        (225, ["fixes=[forget_more]", "fix.forget_more.grid=[nan]"]),
+        (226, ["fixes=[mambaextend]", "fix.mambaextend.perturb=nan"]),
+        (232, ["num_sequence=4"]))},
+    "229": {"argv": ["niah", "task.train=false", "model.pretrained={RUN}", "task.lengths=[1000000000]", "run_dir={D}",
+                     "--dry-run"], "absent": "{D}"},
+    "230": {"argv": [*FINETUNE, "trainer.loggers=wandb", "run_dir={D}"], "absent": "{D}"},
+    "231": {"argv": [*FINETUNE, "trainer.loggers=[wandb,mlflow]", "run_dir={D}"], "absent": "{D}"},
+    "233": {"argv": ["eval", "--help"]},
 }
 """Rows re-run as commands (after `recurlen`): {RUN} the finished run `finetune $B $C`, {M1RUN} the same on
 mamba1-nano, {D} a fresh directory of the row, {W} the scratch directory. env: set for the command (a fault hook's
@@ -291,6 +314,12 @@ def setup(kind: str, s: Scratch, d: Path) -> None:
                 for i in range(400)]
         rows[5], rows[7] = {"text": None}, {"text": ""}
         write_jsonl(s.work / "mixed.jsonl", rows)
+    elif kind == "bad_data":  # #216-#218: all-empty documents, a text file named .jsonl.zst, a damaged .jsonl.zst
+        write_jsonl(s.work / "empty.jsonl", [{"text": ""}] * 40)
+        (s.work / "text.jsonl.zst").write_text('{"text": "hello"}\n' * 40)
+        (s.work / "damaged.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(256)) * 2)
+    elif kind == "a_file":  # #221: --out under a file
+        (s.work / "a-file").write_text("x")
     elif kind == "export_run":  # #201: RUN exported on its own, without a card
         proc = s.recurlen(["export", str(s.run), "--out", str(d / "export"), "card=false"])
         if proc.returncode != 0:
