@@ -1,6 +1,6 @@
 """Task examples mixed with corpus text in every batch: a model that retrieves and is a language model.
 
-    dm = MixDataModule(text=RecurlenDataModule(text_cfg), task=TaskDataModule(...))
+    dm = MixDataModule(text=RecurlenDataModule(text_cfg), task=TaskDataModule(...), task_share=0.5)
 
 Each training batch is the corpus DataModule's batch (text_rows rows, the lanes walk the corpus as the
 intervention's layout says: documents for TBTT, so its state carries through a document) on top of the task
@@ -33,7 +33,6 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from recurlen.evaluation.tasks.datamodules import TaskDataModule
 from recurlen.training.data.datamodule import FixedBatches, RecurlenDataModule, TrainBatches
 from recurlen.util.tokenizers import UsesTokenizer
 
@@ -87,7 +86,10 @@ def join_batches(text: dict[str, torch.Tensor], task: dict[str, torch.Tensor], *
 class MixDataModule(UsesTokenizer, L.LightningDataModule):
     """Corpus rows and task rows in one batch (see the module's docstring). Both must use one tokenizer."""
 
-    def __init__(self, *, text: RecurlenDataModule, task: TaskDataModule, task_share: float | None = None) -> None:
+    # task: a TaskDataModule (recurlen.evaluation.tasks.datamodules, which builds the mix: typed loosely here so that
+    # the two modules do not import each other).
+    def __init__(self, *, text: RecurlenDataModule, task: L.LightningDataModule,
+                 task_share: float | None = None) -> None:
         super().__init__()
         if task_share is not None and not 0.0 < task_share < 1.0:
             raise ValueError(f"task.task_share={task_share!r} must be in (0, 1) or null (every scored token alike)")
