@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from recurlen.util.arguments import Words, check_dotlist, render_help, settings_help, split_words, suggest
+from recurlen.util.arguments import Words, as_list, check_dotlist, render_help, settings_help, split_words, suggest
 from recurlen.util.errors import Interrupted, UserError, debug_requested, one_line, user_input
 
 log = logging.getLogger("recurlen")
@@ -213,7 +213,7 @@ def _eval_inputs(w: Words):
                 check_dotlist([word[len("data."):]], DataConfig, what="data setting")
                 data_overrides.append(word)
             elif "=" in word and key.split(".", 1)[0] in names:  # fix.NAME.KEY=VALUE: a fix's setting
-                settings.append(word)
+                settings.append(as_list(word, EvalConfig))  # tasks=positionwise is [positionwise]
             else:
                 checkpoints.append(word)
         out_dir = w.paths.get("out", "runs/eval")

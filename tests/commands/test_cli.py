@@ -105,6 +105,14 @@ def test_eval_help_says_the_held_out_length_the_command_takes(capsys, tmp_path, 
     assert rc == 0 and "8 sequences of 96 tokens" in out, out + err
 
 
+def test_eval_takes_one_bare_value_of_a_list_setting_as_a_list(capsys, tmp_path):
+    # omegaconf refused it: "Invalid value assigned: AnyNode is not a ListConfig ..."
+    rc, out, err = run(capsys, "eval", "state-spaces/mamba2-780m", "tasks=positionwise", "fixes=forget_more",
+                       "fix.forget_more.memory=2", "--out", str(tmp_path), "--dry-run")
+    assert rc == 0, err
+    assert "  tasks          positionwise\n" in out and "fixes on mamba2-780m forget_more (forget_more: " in out, out
+
+
 def test_eval_takes_options_and_settings_in_any_order(capsys, tmp_path):
     rc, out, err = run(capsys, "eval", "--out", str(tmp_path), "state-spaces/mamba2-780m", "seq_len=4096",
                        "data=pg19", "num_sequences=2", "--dry-run", "data.max_documents=10")
