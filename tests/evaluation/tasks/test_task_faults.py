@@ -131,3 +131,19 @@ print(peak - base, est.prompts, est.forward)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
     grew, prompts, forward = (int(x) for x in out.stdout.split())
     assert 0.5 * prompts < grew < prompts + forward, (grew, prompts, forward)
+
+
+def test_on_a_gpu_the_prompts_are_checked_against_the_host_and_the_model_against_the_gpu():
+    from recurlen.evaluation.tasks.task_memory import TaskMemory
+    from recurlen.training.memory import GIB, PROCESS_BYTES
+
+    est = TaskMemory(task="niah", length=10**6, trials=4, batch=4, chunk=2048, per_token=144, weights=GIB,
+                     forward=10 * GIB, device="cuda")
+    assert est.host == PROCESS_BYTES + 144 * 10**6  # the model is on the GPU
+    assert est.device_bytes == GIB + 8 * 4 * 10**6 + 10 * GIB
+    assert "at most 11.03 GiB of GPU memory" in est.describe()
+    # The forward is an upper bound: refused on the GPU only when the weights and the batch's tokens do not fit.
+    assert est.refusal(8 * GIB, 2 * GIB) is None
+    assert est.refusal(8 * GIB, GIB).endswith("but 1.00 GiB of GPU memory is available; lower task.lengths, "
+                                              "task.trials or task.eval_batch_size")
+    assert "but 0.50 GiB of CPU memory is available; lower task.lengths, task" in est.refusal(GIB // 2, 100 * GIB)
