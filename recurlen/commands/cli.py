@@ -537,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"recurlen: unknown command {name!r}{suggest(name, COMMANDS)}; allowed: {list(COMMANDS)}\n")
         return 2
     command = COMMANDS[name]
+    from recurlen.util.threads import wait_passively_when_busy
+
+    wait_passively_when_busy()  # before anything imports torch
     _setup_logging()
     try:
         words = split_words(rest, path_flags=command.path_flags)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+
+WAIT_POLICY = "OMP_WAIT_POLICY"
 
 
 def choose_threads(cpus: int, load: float) -> int:
@@ -33,6 +36,25 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):  # not on every platform
         return None
+
+
+def wait_passively_when_busy(env: dict | None = None) -> bool:
+    """On a busy machine (a one-minute load of at least one runnable process per usable core), make OpenMP's idle
+    threads sleep instead of spinning: OMP_WAIT_POLICY=PASSIVE, unless the user set a policy. Returns whether it did.
+
+    Spinning threads that wait at each parallel region's barrier for a sibling the scheduler has parked cost a
+    2-thread training step 7x its time at a load of 6 on 2 cores (benchmarks/bench_wait_policy.py). The policy
+    changes how threads wait, never how work is split, so the numbers stay bit for bit those of the same thread
+    count. OpenMP reads the variable when it starts, so this runs before torch is imported (and is inherited by the
+    processes a command starts: the demo's stages); an idle machine keeps the default."""
+    env = os.environ if env is None else env
+    if WAIT_POLICY in env or "torch" in sys.modules:
+        return False
+    load = load_average()
+    if load is None or load < usable_cpus():
+        return False
+    env[WAIT_POLICY] = "PASSIVE"
+    return True
 
 
 def set_threads(requested: int | None = None, *, setting: str = "num_threads", choose: bool = True) -> str:

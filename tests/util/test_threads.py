@@ -44,3 +44,26 @@ def test_training_keeps_its_thread_count_and_says_which_would_suit(monkeypatch, 
     assert torch.get_num_threads() == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert threads.set_threads(None, setting="num_threads").startswith("torch threads: 3 (OMP_NUM_THREADS=3;")
+
+
+def test_a_busy_machine_makes_waiting_threads_sleep_unless_the_user_chose(monkeypatch):
+    """OMP_WAIT_POLICY=PASSIVE at a load of one runnable process per core or more, before torch is imported; never
+    over the user's own policy, never once torch (and its OpenMP) has started, never on a quiet machine."""
+    import sys
+
+    from recurlen.util import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
+    monkeypatch.delitem(sys.modules, "torch")  # as at the command's start; restored after the test
+    for load, want in ((0.4, None), (1.9, None), (2.0, "PASSIVE"), (6.5, "PASSIVE")):
+        monkeypatch.setattr(threads, "load_average", lambda load=load: load)
+        env: dict[str, str] = {}
+        assert threads.wait_passively_when_busy(env) == (want is not None)
+        assert env.get("OMP_WAIT_POLICY") == want
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert not threads.wait_passively_when_busy(env) and env == {"OMP_WAIT_POLICY": "ACTIVE"}
+    monkeypatch.setattr(threads, "load_average", lambda: None)  # a platform without a load average
+    assert not threads.wait_passively_when_busy({})
+    monkeypatch.setattr(threads, "load_average", lambda: 6.5)
+    monkeypatch.setitem(sys.modules, "torch", object())  # too late: OpenMP has read its settings
+    assert not threads.wait_passively_when_busy({})
