@@ -14,25 +14,20 @@ its post-trainings and the training-free fixes on it by both, on the same weight
 
 Each training stage is an ordinary run (`recurlen passkey` with task.train, in a process of its own, its output
 in <run dir>/train.log) and a finished one is reused as a run directory always is (its checkpoint reached
-trainer.max_steps); the judging runs `parallel` models at a time with `threads_per_run` threads each.
+trainer.max_steps); the judging runs `parallel` models at a time with `threads_per_run` threads each, and a model
+judged before on the same inputs is reused (recurlen.commands.arbiter_stages). Stopped (a signal to the process
+group, Ctrl-C), it continues from its checkpoints and judged models when run again.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from recurlen.evaluation.arbiter.judge import JudgeSettings
-from recurlen.evaluation.tasks.retrieval import RETRIEVAL_BAR
-from recurlen.training.experiments.compose import experiments_dir
-from recurlen.training.interventions import INTERVENTIONS
+from recurlen.commands.arbiter_config import ArbiterConfig, base_words, load_arbiter_config, post_words
+from recurlen.commands.arbiter_stages import Job, cached_entry, compose, job_inputs, judge_job, pool, train_stage
 from recurlen.util.atomic_files import write_json, write_text
 
 log = logging.getLogger(__name__)
@@ -40,88 +35,10 @@ log = logging.getLogger(__name__)
 RESULTS_FORMAT = "recurlen.arbiter/1"
 
 
-@dataclass
-class ArbiterConfig:
-    pipeline: str = "arbiter"
-    """Marks experiments/arbiter.yaml as a pipeline (run by `recurlen arbiter`), not a single training run."""
-    run_root: str = "runs/arbiter"
-    """Where the stages' run directories, results.json and report.md go."""
-    pretrain_experiment: str = "arbiter-pretrain"
-    """The base's experiment (experiments/NAME.yaml): a passkey experiment with task.text_rows."""
-    posttrain_experiment: str = "arbiter-posttrain"
-    """The post-trainings' experiment, run once per intervention from the base."""
-    interventions: list[str] = field(default_factory=lambda: ["none", "fitted_noise", "state_passing", "tbptt"])
-    """Post-trainings to compare (none: plain fine-tuning)."""
-    fixes: list[str] = field(default_factory=lambda: ["mambaextend", "a_scale", "forget_more"])
-    """Training-free fixes applied to the base (NAME or KEY=NAME, as `recurlen eval fixes=[...]`)."""
-    fix: dict[str, Any] = field(default_factory=dict)
-    """Each fix's settings by its key, fix.KEY.SETTING=VALUE."""
-    overrides: list[str] = field(default_factory=list)
-    """Overrides given to both training stages (e.g. trainer.max_steps=20 for a smoke run)."""
-    posttrain_overrides: list[str] = field(default_factory=list)
-    """Overrides given to the post-trainings only."""
-    parallel: int = 2
-    """Runs (post-trainings, judged models) at the same time, each in its own process."""
-    threads_per_run: int = 1
-    """Torch threads of each of them."""
-    base_threads: int | None = None
-    """Torch threads of the base's training, which runs alone; None: parallel x threads_per_run (on a machine
-    shared with other jobs one thread can be the faster)."""
-    retrieval_bar: float = RETRIEVAL_BAR
-    """A length retrieves when its Wilson interval's lower end reaches this accuracy."""
-    judge: JudgeSettings = field(default_factory=JudgeSettings)
-
-    def __post_init__(self) -> None:
-        from recurlen.evaluation.fixes import arguments as fix_args
-
-        unknown = sorted(set(self.interventions) - set(INTERVENTIONS))
-        if unknown:
-            raise ValueError(f"arbiter interventions {unknown} are unknown; allowed: {list(INTERVENTIONS)}")
-        if self.parallel < 1 or self.threads_per_run < 1 or (self.base_threads is not None and self.base_threads < 1):
-            raise ValueError("arbiter parallel, threads_per_run and base_threads must be >= 1")
-        if not 0.0 < self.retrieval_bar < 1.0:
-            raise ValueError(f"arbiter retrieval_bar={self.retrieval_bar} must be in (0, 1)")
-        self.fixes, self.fix = fix_args.normalise(self.fixes, self.fix)
-        fix_args.check_arguments(self.fixes, self.fix, what="arbiter")
-
-    @property
-    def root(self) -> Path:
-        return Path(self.run_root)
-
-
-def load_arbiter_config(args: list[str]) -> ArbiterConfig:
-    """experiments/arbiter.yaml with key=value overrides, validated (unknown keys: one line with suggestions)."""
-    from recurlen.util.arguments import check_dotlist
-
-    check_dotlist(args, ArbiterConfig, what="arbiter setting")
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(ArbiterConfig), OmegaConf.load(experiments_dir() / "arbiter.yaml"),
-                              OmegaConf.from_dotlist(args))
-        return OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as err:
-        raise ValueError(f"bad arbiter config: {str(err).splitlines()[0]} ({getattr(err, 'full_key', '')})") from err
-
-
-def base_words(cfg: ArbiterConfig) -> list[str]:
-    return [f"experiment={cfg.pretrain_experiment}", f"run_dir={cfg.root / 'base'}", *cfg.overrides]
-
-
-def post_words(cfg: ArbiterConfig, intervention: str) -> list[str]:
-    return [f"experiment={cfg.posttrain_experiment}", f"model.pretrained={cfg.root / 'base'}",
-            f"intervention={intervention}", f"run_dir={cfg.root / 'post' / intervention}", *cfg.overrides,
-            *cfg.posttrain_overrides]
-
-
-def _compose(words: list[str]):
-    from recurlen.evaluation.tasks.config import load_task_experiment
-
-    return load_task_experiment(words)
-
-
 def arbiter_plan(cfg: ArbiterConfig) -> list[str]:
     """The stages it would run, each training stage's experiment composed and validated."""
-    base = _compose(base_words(cfg))
-    posts = {iv: _compose(post_words(cfg, iv)) for iv in cfg.interventions}
+    base = compose(base_words(cfg))
+    posts = {iv: compose(post_words(cfg, iv)) for iv in cfg.interventions}
     s, T = cfg.judge, base.data.seq_len
     steps = {p.trainer.max_steps for p in posts.values()}
     given = "".join(f"; fix.{key}.{k}={v}" for key, settings in cfg.fix.items() for k, v in settings.items())
@@ -139,140 +56,107 @@ def arbiter_plan(cfg: ArbiterConfig) -> list[str]:
             f"  4. report       {cfg.root / 'results.json'}, {cfg.root / 'report.md'}"]
 
 
-# ---- stages ------------------------------------------------------------------------------------------------
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its finished workers (a stage's pool is joined when the stage ends)."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def _redirect(log_path: Path) -> None:
-    """This worker's output into its log file (runs side by side stay readable)."""
-    import sys
+def _trained(run_dir: Path, max_steps: int) -> bool:
+    """Whether a training stage already reached its steps (then running it only finds it done)."""
+    from recurlen.training.run_dir import RunDir, checkpoint_step
 
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    logfile = open(log_path, "a")  # noqa: SIM115 (the worker's stdout and stderr for the rest of its life)
-    os.dup2(logfile.fileno(), 1)
-    os.dup2(logfile.fileno(), 2)
-    sys.stdout, sys.stderr = logfile, logfile
-
-
-def train_stage(words: list[str], threads: int) -> str:
-    """One training stage (in a worker process): compose, train on the mix (or find it finished), return its dir."""
-    import dataclasses
-
-    import torch
-
-    from recurlen.evaluation.tasks.datamodules import build_task_datamodule
-    from recurlen.training.finetune import run_finetune
-
-    cfg = _compose(words)
-    _redirect(Path(cfg.resolved_run_dir) / "train.log")
-    torch.set_num_threads(threads)
-    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, num_threads=threads, progress_bar=False))
-    return str(run_finetune(cfg, datamodule=build_task_datamodule(cfg)))
-
-
-@dataclass(frozen=True)
-class Job:
-    """A model to judge: a run directory, and the fix applied to it first (None: the run as trained)."""
-
-    label: str
-    kind: str
-    path: str
-    fix_key: str | None = None
-    steps: int | None = None
-
-
-def judge_job(job: Job, cfg: ArbiterConfig, sequences, threads: int, log_path: str | None) -> dict:
-    """Judge one model (in a worker process): load it, apply its fix, measure both verdicts."""
-    import torch
-
-    from recurlen.evaluation.arbiter.judge import judge
-    from recurlen.evaluation.fixes.arguments import apply_fix, fix_configs
-    from recurlen.training.resume import checkpoint_to_read
-    from recurlen.training.run_dir import RunDir, load_model
-    from recurlen.util.tokenizers import load_tokenizer
-
-    if log_path:
-        _redirect(Path(log_path))
-    torch.set_num_threads(threads)
-    loaded = load_model(str(checkpoint_to_read(RunDir(job.path))), device="cpu")
-    T = loaded.train_seq_len
-    record = None
-    if job.fix_key is not None:
-        key, fix, fix_cfg = next(c for c in fix_configs(cfg.fixes, cfg.fix) if c[0] == job.fix_key)
-        record = apply_fix(loaded.model, key, fix, fix_cfg, base="base", rows=sequences[cfg.judge.num_sequences:],
-                           length=cfg.judge.text_length(T), train_len=T)
-    entry = judge(loaded.model, label=job.label, kind=job.kind, source=job.path, sequences=sequences,
-                  tokenizer=load_tokenizer(loaded.tokenizer or "bytes"), train_len=T, settings=cfg.judge, fix=record)
-    if job.steps is not None:
-        entry["steps"] = job.steps
-    return entry
-
-
-def _pool(parallel: int):
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    # spawn: a forked child would inherit this process's torch thread pool and Lightning state.
-    return ProcessPoolExecutor(max_workers=parallel, mp_context=mp.get_context("spawn"))
+    last = RunDir(run_dir).last_checkpoint
+    return last.is_file() and checkpoint_step(last) == max_steps
 
 
 def run_arbiter(cfg: ArbiterConfig) -> Path:
     """Every stage; returns report.md."""
+    root = cfg.root
+    root.mkdir(parents=True, exist_ok=True)
+    stages: dict[str, dict] = {}
+    base_steps = compose(base_words(cfg)).trainer.max_steps
+    post_steps = {iv: compose(post_words(cfg, iv)).trainer.max_steps for iv in cfg.interventions}
+
+    def timed(name: str, reused: bool, run) -> None:
+        wall, cpu = time.perf_counter(), _cpu_seconds()
+        run()
+        stages[name] = {"seconds": time.perf_counter() - wall, "cpu_seconds": _cpu_seconds() - cpu, "reused": reused}
+
+    def base() -> None:
+        with pool(1) as workers:  # the base alone
+            log.info("arbiter 1/4: training the base -> %s (log: %s)", root / "base", root / "base" / "train.log")
+            threads = cfg.base_threads or cfg.parallel * cfg.threads_per_run
+            workers.submit(train_stage, base_words(cfg), threads).result()
+
+    def post() -> None:
+        with pool(cfg.parallel) as workers:
+            log.info("arbiter 2/4: post-training %s, %d at a time -> %s", ", ".join(cfg.interventions), cfg.parallel,
+                     root / "post")
+            for f in [workers.submit(train_stage, post_words(cfg, iv), cfg.threads_per_run)
+                      for iv in cfg.interventions]:
+                f.result()
+
+    entries: list[dict] = []
+    timed("base", _trained(root / "base", base_steps), base)
+    timed("post", all(_trained(root / "post" / iv, n) for iv, n in post_steps.items()), post)
+    timed("judge", False, lambda: entries.extend(judge_all(cfg)))
+    stages["judge"]["reused"] = all(e.get("reused") for e in entries)
+    log.info("arbiter 4/4: the table -> %s", root / "report.md")
+    return write_results(cfg, entries, stages)
+
+
+def judge_all(cfg: ArbiterConfig) -> list[dict]:
+    """Every model judged (the base, each post-training, the base with each fix), `parallel` at a time; one judged
+    before on the same inputs (<run_root>/judge/<label>.json) is reused."""
     from recurlen.evaluation.fixes.arguments import calibration_rows, fix_keys
     from recurlen.evaluation.heldout import heldout_sequences, run_data_config
 
     root = cfg.root
-    root.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    with _pool(1) as pool:  # the base alone, with every thread
-        log.info("arbiter 1/4: training the base -> %s (log: %s)", root / "base", root / "base" / "train.log")
-        pool.submit(train_stage, base_words(cfg), cfg.base_threads or cfg.parallel * cfg.threads_per_run).result()
-    timings["base"] = time.perf_counter() - started
-    mark = time.perf_counter()
-    with _pool(cfg.parallel) as pool:
-        log.info("arbiter 2/4: post-training %s, %d at a time -> %s", ", ".join(cfg.interventions), cfg.parallel,
-                 root / "post")
-        futures = [pool.submit(train_stage, post_words(cfg, iv), cfg.threads_per_run) for iv in cfg.interventions]
-        for f in futures:
-            f.result()
-    timings["post"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    T = _compose(base_words(cfg)).data.seq_len
-    data = run_data_config(str(root / "base"))
+    T = compose(base_words(cfg)).data.seq_len
     need = cfg.judge.num_sequences + calibration_rows(cfg.fixes, cfg.fix)
-    sequences = heldout_sequences(data, length=cfg.judge.text_length(T), num=need)
-    post_steps = {iv: _compose(post_words(cfg, iv)).trainer.max_steps for iv in cfg.interventions}
+    sequences = heldout_sequences(run_data_config(str(root / "base")), length=cfg.judge.text_length(T), num=need)
+    post_steps = {iv: compose(post_words(cfg, iv)).trainer.max_steps for iv in cfg.interventions}
     jobs = [Job("base", "base", str(root / "base")),
             *(Job(iv, "post", str(root / "post" / iv), steps=post_steps[iv]) for iv in cfg.interventions),
             *(Job(f"base+{key}", "fix", str(root / "base"), fix_key=key) for key, _ in fix_keys(cfg.fixes))]
-    log.info("arbiter 3/4: judging %d models by the loss and by retrieval, %d at a time (logs: %s)", len(jobs),
-             cfg.parallel, root / "judge")
-    with _pool(cfg.parallel) as pool:
-        futures = [pool.submit(judge_job, job, cfg, sequences, cfg.threads_per_run,
-                               str(root / "judge" / f"{job.label}.log")) for job in jobs]
-        entries = [f.result() for f in futures]
-    timings["judge"] = time.perf_counter() - mark
-    timings["total"] = time.perf_counter() - started
-    return write_results(cfg, entries, timings)
+    out = {job.label: root / "judge" / f"{job.label}.json" for job in jobs}
+    done = {job.label: cached_entry(out[job.label], job_inputs(job, cfg, sequences)) for job in jobs}
+    todo = [job for job in jobs if done[job.label] is None]
+    log.info("arbiter 3/4: judging %d models by the loss and by retrieval, %d at a time (%d judged before on the "
+             "same inputs; logs: %s)", len(todo), cfg.parallel, len(jobs) - len(todo), root / "judge")
+    with pool(cfg.parallel) as workers:
+        futures = {job.label: workers.submit(judge_job, job, cfg, sequences, cfg.threads_per_run, str(out[job.label]))
+                   for job in todo}
+        for label, f in futures.items():
+            done[label] = f.result()
+    # results.json says of each entry whether this run measured it or found it judged before.
+    return [{**done[job.label], "reused": job not in todo} for job in jobs]
 
 
-def write_results(cfg: ArbiterConfig, entries: list[dict], timings: dict[str, float]) -> Path:
-    """results.json (every entry, its loss per sequence and its passkey outcomes per trial, the verdicts) and
-    report.md under cfg.run_root."""
+def write_results(cfg: ArbiterConfig, entries: list[dict], stages: dict[str, dict]) -> Path:
+    """results.json (every entry, its loss per sequence and its passkey outcomes per trial, the verdicts, the stages'
+    seconds) and report.md under cfg.run_root."""
     from recurlen.evaluation.arbiter.table import arbiter_lines
 
     results = {"format": RESULTS_FORMAT, "config": asdict(cfg), "retrieval_bar": cfg.retrieval_bar,
-               "bases": [{"label": "base", "entries": entries}], "seconds": timings}
+               "bases": [{"label": "base", "entries": entries}], "stages": stages}
+    write_json(cfg.root / "results.json", results, indent=2)  # the measurements first, whatever the table does
     lines, verdicts = arbiter_lines(results)
     results["verdicts"] = verdicts
     write_json(cfg.root / "results.json", results, indent=2)
-    minutes = timings.get("total", 0.0) / 60
+    wall = sum(s["seconds"] for s in stages.values())
+    cpu = sum(s["cpu_seconds"] for s in stages.values())
+    each = ", ".join(f"{name} {s['seconds']:.0f} s{' (done before: reused)' if s['reused'] else ''}"
+                     for name, s in stages.items())
     report = ["# recurlen arbiter: the loss verdict and the retrieval verdict", "",
-              f"Every number below comes from {cfg.root / 'results.json'} (`recurlen arbiter`, {minutes:.1f} min: "
-              + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items() if k != "total") + ").", "", *lines]
+              f"Every number below comes from {cfg.root / 'results.json'} (`recurlen arbiter`: {wall / 60:.1f} min of "
+              f"wall time, {each}; {cpu / 60:.1f} min of CPU time).", "", *lines]
     write_text(cfg.root / "report.md", "\n".join(report) + "\n")
     return cfg.root / "report.md"
 
 
-__all__ = ["RESULTS_FORMAT", "ArbiterConfig", "Job", "arbiter_plan", "base_words", "judge_job",
-           "load_arbiter_config", "post_words", "run_arbiter", "train_stage", "write_results"]
+__all__ = ["RESULTS_FORMAT", "ArbiterConfig", "arbiter_plan", "judge_all", "load_arbiter_config", "run_arbiter",
+           "write_results"]

@@ -9,6 +9,7 @@ import pytest
 
 from recurlen.commands import cli
 from recurlen.commands.arbiter import load_arbiter_config
+from recurlen.commands.arbiter_stages import cached_entry
 from recurlen.diagnostics.intervals import binomial_interval
 from recurlen.util.errors import UserError
 
@@ -26,6 +27,19 @@ def test_bad_arbiter_settings_are_one_line_errors():
         load_arbiter_config(["fixes=[forget_more]", "fix.a_scale.steps=3"])
     cfg = load_arbiter_config(["fixes=[forget_more,fm2=forget_more]", "fix.fm2.memory=2"])
     assert cfg.fixes == ["forget_more", "fm2=forget_more"] and cfg.fix == {"fm2": {"memory": 2}}
+
+
+def test_a_judged_model_is_reused_only_on_the_same_inputs(tmp_path):
+    inputs = {"checkpoint": "runs/arbiter/base/checkpoints/last.ckpt", "checkpoint_mtime_ns": 1,
+              "judge": {"trials": 16}, "fix": None, "sequences": "abc"}
+    path = tmp_path / "base.json"
+    assert cached_entry(path, inputs) is None  # nothing judged yet
+    path.write_text(json.dumps({"inputs": inputs, "entry": {"label": "base"}}))
+    assert cached_entry(path, dict(inputs)) == {"label": "base"}
+    for key, other in (("checkpoint_mtime_ns", 2), ("judge", {"trials": 32}), ("sequences", "abd")):
+        assert cached_entry(path, {**inputs, key: other}) is None, key
+    path.write_text("{not json")
+    assert cached_entry(path, inputs) is None
 
 
 def test_dry_run_plans_every_stage(tmp_path, capsys):
@@ -61,7 +75,19 @@ def test_toy_arbiter_keeps_what_its_verdicts_rest_on(tmp_path):
         assert len(e["loss"]["positionwise"]["per_sequence"]["loss"]) == 2
         assert v["verdict"] in ("holds by forgetting", "holds and retrieves", "fails", "undecided",
                                 "base does not retrieve")
-    assert set(results["seconds"]) == {"base", "post", "judge", "total"}
+    assert set(results["stages"]) == {"base", "post", "judge"}
+    assert all(s["cpu_seconds"] > 0 and not s["reused"] for s in results["stages"].values())
     for stage in ("base", "post/none", "post/tbptt"):
         assert (root / stage / "checkpoints" / "last.ckpt").is_file() and (root / stage / "train.log").is_file()
     assert (root / "report.md").read_text().startswith("# recurlen arbiter")
+    # run again: the trained stages and the judged models are reused, the table is the same
+    again = subprocess.run([sys.executable, "-m", "recurlen", "arbiter", f"run_root={root}", *TOY],
+                           capture_output=True, text=True, timeout=600,
+                           env={"RECURLEN_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "judging 0 models by the loss and by retrieval, 1 at a time (4 judged before on the same inputs" \
+        in again.stderr
+    rerun = json.loads((root / "results.json").read_text())
+    assert rerun["verdicts"] == results["verdicts"]
+    assert rerun["stages"]["base"]["reused"] and rerun["stages"]["post"]["reused"]
+    assert "base" in (root / "report.md").read_text().split("\n")[2] and "(done before: reused)" in again.stdout

@@ -90,7 +90,7 @@ def arbiter_verdict(entry: dict, *, base: dict, bar: float = RETRIEVAL_BAR) -> d
         word, text = "base does not retrieve", (f"the base does not retrieve within T ({why}): retrieval cannot "
                                                 f"arbitrate; loss: {loss_words}")
     elif outcome == "fails":
-        word, text = "fails", f"fails past T (loss); {reach_text}"
+        word, text = "fails", f"fails past T (loss); {retrieval_words(retrieval, T)}"
     elif outcome in HOLDING and retrieval["outcome"] == "loses retrieval":
         word = "holds by forgetting"
         text = (f"{loss_words} the loss by forgetting: loses retrieval at {_names(retrieval['lost'], T)}, where the "
@@ -98,14 +98,8 @@ def arbiter_verdict(entry: dict, *, base: dict, bar: float = RETRIEVAL_BAR) -> d
     elif outcome in HOLDING and retrieval["outcome"] == "retrieves":
         word, text = "holds and retrieves", f"{loss_words} the loss and {reach_text}"
     else:
-        parts = []
-        if outcome not in HOLDING:
-            parts.append(f"the loss is {outcome or 'not measured'}")
-        if retrieval["outcome"] == "undecided":
-            parts.append(f"retrieval is undecided at {_names(retrieval['undecided'], T)}")
-        elif outcome not in HOLDING:
-            parts.append(f"retrieval: {retrieval['outcome']} ({reach_text})")
-        word, text = "undecided", "undecided: " + "; ".join(parts)
+        loss_part = f"the loss is {outcome or 'not measured'}" if outcome not in HOLDING else f"{loss_words} the loss"
+        word, text = "undecided", f"undecided: {loss_part}; {retrieval_words(retrieval, T)}"
     return {"label": entry["label"], "kind": entry["kind"], "verdict": word, "text": text, "loss": loss,
             "retrieval": {**retrieval, "bar": bar, "by_length": [c.to_dict() for c in cells]}}
 

@@ -81,7 +81,7 @@ def test_retrieval_by_length_pools_depths_and_reads_the_outcomes():
     # failure past T whatever it retrieves
     (0.8, {1: 48, 2: 48, 4: 0, 8: 0}, "fails", "fails past T (loss); retrieves to 2T"),
     # flat loss but 24 of 48 at 2T: the retrieval interval straddles the bar
-    (-0.05, {1: 48, 2: 24, 4: 0, 8: 0}, "undecided", "undecided: retrieval is undecided at 2T"),
+    (-0.05, {1: 48, 2: 24, 4: 0, 8: 0}, "undecided", "undecided: holds the loss; undecided at 2T"),
     # under the failure bar but over the hold bar: mostly holds, and forgets
     (0.1, {1: 0, 2: 0, 4: 0, 8: 0}, "holds by forgetting", "mostly holds the loss by forgetting"),
 ])
@@ -102,7 +102,7 @@ def test_a_base_that_does_not_retrieve_within_T_cannot_arbitrate():
 def test_loss_undecided_is_said():
     # full - reset +0.05 +- 0.03 straddles the hold bar: undecided, whatever retrieval says
     v = arbiter_verdict(entry("post", "post", 0.06, {1: 48, 2: 48, 4: 0, 8: 0}, ci_half=0.03), base=BASE)
-    assert v["verdict"] == "undecided" and "the loss is undecided" in v["text"]
+    assert v["verdict"] == "undecided" and v["text"] == "undecided: the loss is undecided; retrieves to 2T"
 
 
 def test_table_has_both_verdicts_with_intervals():
