@@ -130,6 +130,9 @@ export: $(STAMP) ## export RUN= (a run or .ckpt) as FORMAT=official|transformers
 passkey: $(STAMP) ## passkey retrieval per intervention (experiments/passkey.yaml) [ARGS='intervention=... task.lengths=[...]']
 	$(PY) -m recurlen passkey $(ARGS)
 
+arbiter: $(STAMP) ## the loss verdict beside the retrieval verdict on a base that retrieves and is a language model: its post-trainings and the training-free fixes (runs/arbiter/report.md; 16 CPU-minutes) [ARGS=...]
+	$(PY) -m recurlen arbiter $(ARGS)
+
 babilong: $(STAMP) ## BABILong accuracy by context length (experiments/babilong.yaml) [ARGS=...]
 	$(PY) -m recurlen babilong $(ARGS)
 
@@ -158,4 +161,4 @@ bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their tra
 	$(PY) benchmarks/bench_gpu.py $(ARGS)
 	$(PY) benchmarks/bench_gpu_arch.py
 
-.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval export passkey babilong copying niah tensorboard generate bench bench-gpu
+.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval export passkey arbiter babilong copying niah tensorboard generate bench bench-gpu
