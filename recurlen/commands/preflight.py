@@ -283,6 +283,10 @@ def experiment_plan(cfg, *, command: str, refusals: Refusals | None = None, lock
         from recurlen.evaluation.tasks.runner import eval_lengths
 
         lines.append(f"task         {task.name} (train: {str(task.train).lower()}), lengths {eval_lengths(cfg)}")
+        if task.train and task.text_rows:
+            share = "every scored token alike" if task.task_share is None else f"task share {task.task_share:g}"
+            lines.append(f"mix          {task.text_rows} of the {cfg.data.batch_size} rows corpus text in the "
+                         f"intervention's layout, the rest {task.name} examples; loss: {share}")
         task_memory = _task_memory_line(cfg, eval_lengths(cfg), refusals)
         if task_memory:
             lines.append(f"task memory  {task_memory}")

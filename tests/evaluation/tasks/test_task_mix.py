@@ -125,3 +125,13 @@ def test_task_share_weighs_the_loss_between_text_and_task_rows(cache_dir):
         (n_text * float(text) + n_task * float(task)) / (n_text + n_task), rel=1e-5)
     with pytest.raises(ValueError, match=r"task.task_share=1.0 must be in \(0, 1\)"):
         _cfg(cache_dir, "task.task_share=1.0")
+
+
+def test_the_dry_run_says_what_the_mix_is(capsys):
+    from recurlen.commands import cli
+
+    assert cli.main(["passkey", "task.text_rows=8", "task.task_share=0.5", "--dry-run"]) == 0
+    assert ("mix          8 of the 16 rows corpus text in the intervention's layout, the rest passkey examples; "
+            "loss: task share 0.5") in capsys.readouterr().out
+    assert cli.main(["passkey", "--dry-run"]) == 0
+    assert "mix " not in capsys.readouterr().out
