@@ -135,3 +135,12 @@ def test_the_dry_run_says_what_the_mix_is(capsys):
             "loss: task share 0.5") in capsys.readouterr().out
     assert cli.main(["passkey", "--dry-run"]) == 0
     assert "mix " not in capsys.readouterr().out
+
+
+def test_packed_text_rows_keep_their_resets_and_task_rows_start_a_stream(cache_dir):
+    batch = build_task_datamodule(_cfg(cache_dir, "data.layout=packed")).train_batch(3)
+    resets = batch["resets"]
+    assert resets.shape == (4, 256) and resets.dtype == torch.bool
+    assert resets[2:, 0].all() and not resets[2:, 1:].any()  # each task row: one example from its first token
+    assert torch.equal(resets[:2, 0], batch["new_stream"][:2])  # the text rows' own flags, column 0 as new_stream
+    assert batch["segment"][2:].tolist() == [0, 0]
