@@ -107,7 +107,7 @@ def seeds_lines(summary: dict) -> list[str]:
              f"{summary['roots'][0]}, seed k is {summary['roots'][0]}/seeds/k), each evaluated on the same held-out "
              "sequences. Verdicts as counts over seeds (each seed's verdict reads its own 95% intervals over the "
              "held-out sequences); each cell is the mean over seeds with its 95% Student-t interval over seeds "
-             f"({n - 1} degrees of freedom), then each seed's value.", "",
+             f"({n - 1} degrees of freedom), then each seed's value. The sections after this one are seed 0's.", "",
              "| run | verdicts | " + " | ".join(f"full - reset {b}" for b in CELL_BINS) + " | in-context cost |",
              "|---" * (3 + len(CELL_BINS)) + "|"]
     for label, r in summary["runs"].items():

@@ -25,6 +25,24 @@ def report_verdicts(report: str) -> list[str]:
     return verdicts + count
 
 
+def seed_counts(report: str) -> list[str]:
+    """With several seeds, one line from the report's "Across seeds" table: each run's verdicts counted over seeds
+    (the report's own cells, copied)."""
+    lines = report.splitlines()
+    if "## Across seeds" not in lines:
+        return []
+    counts = []
+    for line in lines[lines.index("## Across seeds") + 1:]:
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) > 2 and cells[0] not in ("run", "check"):
+            counts.append(f"{cells[0]} {cells[1]}")
+        elif counts and not line.startswith("|"):
+            break  # the first table only: the checks' table follows it
+    return [f"Across seeds: {'; '.join(counts)} (the report's 'Across seeds' section)"] if counts else []
+
+
 def _finished(root: Path) -> bool:
     """A demo the Makefile's next steps would use: its report written and its base trained."""
     return (root / "report.md").is_file() and (root / "pretrain" / "checkpoints" / "last.ckpt").is_file()
@@ -50,11 +68,12 @@ def closing_lines(root: str | Path, *, quick: bool, interventions: list[str]) ->
     """The demo's last lines (see the module docstring)."""
     root = Path(root)
     report = root / "report.md"
-    lines = ["", "recurlen demo: done", *report_verdicts(report.read_text()), "",
+    text = report.read_text()
+    lines = ["", "recurlen demo: done", *report_verdicts(text), *seed_counts(text), "",
              f"The report, with every table, the checks and the plots: {report} (its numbers in "
              f"{root / 'results.json'})."]
     after = next_lines(root, quick=quick, interventions=interventions)
     return lines + (["", "Next:", *(f"  {line}" for line in after)] if after else [])
 
 
-__all__ = ["DEMO_ROOTS", "closing_lines", "next_lines", "report_verdicts"]
+__all__ = ["DEMO_ROOTS", "closing_lines", "next_lines", "report_verdicts", "seed_counts"]

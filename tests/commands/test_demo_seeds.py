@@ -102,3 +102,9 @@ def test_each_seed_runs_the_whole_demo_in_its_root_and_the_report_counts_them(tm
     report = (root / "report.md").read_text()
     assert "## Across seeds" in report and "| base | fails 1/3, mostly holds 1/3, holds 1/3 |" in report
     assert json.loads((root / "results.json").read_text())["seeds"]["seeds"] == 3
+    # What the demo prints last: seed 0's verdicts, then the counts over seeds copied from the report.
+    from recurlen.commands.demo_summary import closing_lines
+
+    closing = closing_lines(root, quick=False, interventions=["tbptt"])
+    assert ("Across seeds: base fails 1/3, mostly holds 1/3, holds 1/3; tbptt holds 3/3 (the report's 'Across seeds' "
+            "section)") in closing
