@@ -241,6 +241,11 @@ def seeds_verdict(root: Path, runs: dict[str, dict]) -> str | None:
         for reach in sorted({h[0] for h in reaches if h and h[1] == "pass"}):
             parts.append(f"{name} holds to {reach} {sum(1 for h in reaches if h and h[1] == 'pass' and h[0] == reach)}"
                          f"/{seeds}")
+        costs = [in_context_cost(r[name], r["base"]) if name in r and "base" in r else None for r in per_seed]
+        within = sum(1 for c in costs if c is not None
+                     and interval_status("abs<=", IN_CONTEXT_REL_TOL, c.value, c.interval) == "pass")
+        if any(c is not None for c in costs):
+            parts.append(f"{name} within {IN_CONTEXT_REL_TOL:.0%} in context {within}/{seeds}")
     return f"{seeds} seeds: " + "; ".join(parts)
 
 
