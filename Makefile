@@ -130,7 +130,7 @@ export: $(STAMP) ## export RUN= (a run or .ckpt) as FORMAT=official|transformers
 passkey: $(STAMP) ## passkey retrieval per intervention (experiments/passkey.yaml) [ARGS='intervention=... task.lengths=[...]']
 	$(PY) -m recurlen passkey $(ARGS)
 
-arbiter: $(STAMP) ## the loss verdict beside the retrieval verdict on a base that retrieves and is a language model: its post-trainings and the training-free fixes (runs/arbiter/report.md; 16 CPU-minutes) [ARGS=...]
+arbiter: $(STAMP) ## the loss verdict beside the retrieval verdict on a base that retrieves and is a language model: its post-trainings and the training-free fixes (runs/arbiter/report.md; 17 CPU-minutes) [ARGS=...]
 	$(PY) -m recurlen arbiter $(ARGS)
 
 babilong: $(STAMP) ## BABILong accuracy by context length (experiments/babilong.yaml) [ARGS=...]
