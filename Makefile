@@ -85,8 +85,7 @@ $(KERNELS_STAMP): $(STAMP)
 install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=dev,cuda TORCH_CPU=torch)
 
 demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (QUICK=1: the short form, runs/demo-quick; ARCH=<architecture>: its tiny model's demo; SEEDS=N: N seeds, verdicts counted over them)
-	$(PY) -m recurlen demo $(if $(filter-out 0,$(QUICK)),quick=true) $(if $(ARCH),arch=$(ARCH)) \
-		$(if $(SEEDS),seeds=$(SEEDS)) $(ARGS)
+	$(PY) -m recurlen demo $(if $(filter-out 0,$(QUICK)),quick=true) $(if $(ARCH),arch=$(ARCH)) $(if $(SEEDS),seeds=$(SEEDS)) $(ARGS)
 
 test: $(STAMP) ## run the default (CPU) test suite
 	$(PY) -m pytest -q

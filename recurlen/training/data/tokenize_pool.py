@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import selectors
 import signal
 import subprocess
@@ -26,7 +25,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from recurlen.training.data.tokenize_worker import HEADER, frame
+from recurlen.training.data.tokenize_worker import HEADER, read_reply, task, unframe
 from recurlen.util.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -90,10 +89,10 @@ class _Worker:
             size = HEADER.unpack_from(self.incoming)[0]
             if len(self.incoming) < HEADER.size + size:
                 return
-            reply = pickle.loads(bytes(self.incoming[HEADER.size:HEADER.size + size]))
+            header, body = unframe(bytes(self.incoming[HEADER.size:HEADER.size + size]))
             del self.incoming[:HEADER.size + size]
-            self.results[reply[0]] = reply[1:]
-            self.owed.remove(reply[0])
+            self.results[header["index"]] = read_reply(header, body)
+            self.owed.remove(header["index"])
             self.idle_polls = 0
 
     def close_pipes(self) -> None:
@@ -134,7 +133,7 @@ class WorkerPool:
         worker = self.workers[index % len(self.workers)]
         if not worker.outgoing:
             self.selector.register(worker.stdin, selectors.EVENT_WRITE, (worker, "in"))
-        worker.outgoing += frame((index, chunk))
+        worker.outgoing += task(index, chunk)
         worker.owed.append(index)
         return _Pending(self, index)
 

@@ -10,15 +10,17 @@ It lives as long as its parent wants it: the signals a terminal or a scheduler s
 (SIGINT, SIGTERM, SIGHUP, SIGUSR1) are the parent's to act on; it ends when the parent closes its pipes (stdin at
 its end, stdout broken) or dies (the same, and on Linux PR_SET_PDEATHSIG ends it at once, mid-chunk).
 
-Frames, both ways: an 8-byte little-endian length, then a pickle. In: (chunk index, rows). Out: (chunk index,
-tokens, lengths, hashes, rows), or (chunk index, the exception, its traceback) when tokenizing raised.
+Frames, both ways: an 8-byte little-endian length, then the message: a 4-byte length, a JSON header, and in a reply
+the arrays' raw bytes (never a pickle: nothing read from a pipe is executed). In: {"index", "texts", "bytes" (which
+texts were bytes, sent as latin-1), "ids"}. Out: {"index", "rows", "dtype", "tokens"} and the tokens, each row's length
+(int64) and id hash (uint64) back to back; or {"index", "error", "message", "traceback"} when tokenizing raised.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import pickle
 import signal
 import struct
 import sys
@@ -53,9 +55,61 @@ def tokenize_chunk(rows: list[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray,
     return flat, lengths, out["hash"], len(rows)
 
 
-def frame(obj: Any) -> bytes:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+MESSAGE = struct.Struct("<I")
+ERRORS = {e.__name__: e for e in (ValueError, TypeError, KeyError, UnicodeError, OverflowError, RuntimeError)}
+"""Errors a worker's reply raises again in the run as themselves; any other is raised as a RuntimeError naming it."""
+
+
+def frame(header: dict, *arrays: np.ndarray) -> bytes:
+    """One frame: the JSON header, then the arrays' bytes (their sizes follow from the header)."""
+    head = json.dumps(header).encode("utf-8", errors="surrogatepass")
+    body = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+    data = MESSAGE.pack(len(head)) + head + body
     return HEADER.pack(len(data)) + data
+
+
+def unframe(data: bytes) -> tuple[dict, bytes]:
+    """(the header, the arrays' bytes) of a frame's payload."""
+    size = MESSAGE.unpack_from(data)[0]
+    start = MESSAGE.size
+    return json.loads(data[start:start + size].decode("utf-8", errors="surrogatepass")), data[start + size:]
+
+
+def task(index: int, rows: list[tuple[Any, Any]]) -> bytes:
+    """The frame of one chunk of (text, id) rows. Ids go as their str() (or bytes), what document_hash reads."""
+    texts = [r[0] for r in rows]
+    return frame({"index": index, "bytes": [isinstance(t, bytes) for t in texts],
+                  "texts": [t.decode("latin-1") if isinstance(t, bytes) else t for t in texts],
+                  "ids": [{"b": k.decode("latin-1")} if isinstance(k, bytes) else str(k) for _, k in rows]})
+
+
+def task_rows(header: dict) -> list[tuple[Any, Any]]:
+    texts = [t.encode("latin-1") if was else t for t, was in zip(header["texts"], header["bytes"])]
+    ids = [k["b"].encode("latin-1") if isinstance(k, dict) else k for k in header["ids"]]
+    return list(zip(texts, ids))
+
+
+def reply(index: int, flat: np.ndarray, lengths: np.ndarray, hashes: np.ndarray, count: int) -> bytes:
+    return frame({"index": index, "rows": count, "dtype": flat.dtype.str, "tokens": int(flat.size)},
+                 flat, lengths.astype(np.int64), hashes.astype(np.uint64))
+
+
+def error_reply(index: int, err: BaseException, text: str) -> bytes:
+    return frame({"index": index, "error": type(err).__name__, "message": str(err), "traceback": text})
+
+
+def read_reply(header: dict, body: bytes) -> tuple:
+    """(tokens, lengths, hashes, rows) of a reply, or (the error, its traceback in the worker)."""
+    if "error" in header:
+        cls = ERRORS.get(header["error"])
+        err = cls(header["message"]) if cls else RuntimeError(f"{header['error']}: {header['message']}")
+        return err, header["traceback"]
+    dtype, n, rows = np.dtype(header["dtype"]), header["tokens"], header["rows"]
+    flat = np.frombuffer(body, dtype=dtype, count=n)
+    rest = body[n * dtype.itemsize:]
+    lengths = np.frombuffer(rest, dtype=np.int64, count=rows)
+    hashes = np.frombuffer(rest[rows * 8:], dtype=np.uint64, count=rows)
+    return flat, lengths, hashes, rows
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -100,18 +154,15 @@ def main(argv: list[str]) -> int:
         payload = None if header is None else _read_exact(0, HEADER.unpack(header)[0])
         if payload is None:
             return 0  # the parent wants no more
-        index, rows = pickle.loads(payload)
+        header, _ = unframe(payload)
+        index = header["index"]
         faults.tokenize_fault(index)
         try:
-            reply = frame((index, *tokenize_chunk(rows)))
+            answer = reply(index, *tokenize_chunk(task_rows(header)))
         except Exception as err:  # the parent raises it (a text field that is not text, or a bug)
-            text = traceback.format_exc()
-            try:
-                reply = frame((index, err, text))
-            except Exception:  # an exception that does not pickle
-                reply = frame((index, RuntimeError(f"{type(err).__name__}: {err}"), text))
+            answer = error_reply(index, err, traceback.format_exc())
         try:
-            _write_all(out, reply)
+            _write_all(out, answer)
         except BrokenPipeError:
             return 0  # the parent stopped reading: it has what it wanted
 
