@@ -110,11 +110,13 @@ def test_task_experiments_need_the_task_schema():
 def test_pipelines_load_and_refuse_single_run_composition():
     from recurlen.commands.demo import load_demo_config
 
-    assert set(available()) - set(available(pipelines=False)) == {"demo"}
+    assert set(available()) - set(available(pipelines=False)) == {"arbiter", "demo"}
     demo = load_demo_config(["eval.num_sequences=8"])
     assert demo.eval.num_sequences == 8 and len(demo.interventions) == 5
     with pytest.raises(ValueError, match="is a pipeline of several runs; run it with `recurlen demo`"):
         compose(["experiment=demo"])
+    with pytest.raises(ValueError, match="is a pipeline of several runs; run it with `recurlen arbiter`"):
+        compose(["experiment=arbiter"])
     with pytest.raises(ValueError, match="unknown demo setting .eval.lenght.; did you mean eval.length"):
         load_demo_config(["eval.lenght=3"])
 
