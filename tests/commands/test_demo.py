@@ -418,7 +418,14 @@ def test_quick_demo_shows_the_failure_and_the_fix(tmp_path):
     assert {"baseline fails: full - reset >= +0.3 in [8T,16T)",
             "state_passing fixes it: full - reset <= +0.05 in every bin up to 16T",
             "tbptt fixes it: full - reset <= +0.05 in every bin up to 16T"} <= names, names
-    assert all(c["passed"] for c in checks), checks
+    # Read on their 95% intervals over the quick demo's 32 sequences: the failure and TBTT's fix are decided, and no
+    # check misses (state passing's worst bin, +0.037 up to 16T, may sit undecided against +0.05 at this sample).
+    status = {c["check"]: c["status"] for c in checks}
+    assert "miss" not in status.values(), checks
+    for name in ("baseline fails: full - reset >= +0.3 in [8T,16T)",
+                 "tbptt fixes it: full - reset <= +0.05 in every bin up to 16T",
+                 "plain fine-tuning (none) still fails: full - reset >= +0.3 in [8T,16T)"):
+        assert status[name] == "pass", checks
     timings = json.loads((root / "demo_timings.json").read_text())
     assert timings["quick"] and {t["stage"] for t in timings["stages"]} == {
         "pretrain", "post/none", "post/state_passing", "post/tbptt"}
