@@ -132,6 +132,9 @@ passkey: $(STAMP) ## passkey retrieval per intervention (experiments/passkey.yam
 arbiter: $(STAMP) ## the loss verdict beside the retrieval verdict on a base that retrieves and is a language model: its post-trainings and the training-free fixes (runs/arbiter/report.md; 17 CPU-minutes) [ARGS=...]
 	$(PY) -m recurlen arbiter $(ARGS)
 
+fixes-table: $(STAMP) ## every post-training and training-free fix on each demo base and the arbiter's, one table: loss verdict, retrieval verdict, intervals, cost (run the demos and make arbiter first) [ARGS='--arch gla']
+	$(PY) scripts/fixes_table.py $(ARGS)
+
 babilong: $(STAMP) ## BABILong accuracy by context length (experiments/babilong.yaml) [ARGS=...]
 	$(PY) -m recurlen babilong $(ARGS)
 
@@ -160,4 +163,4 @@ bench-gpu: $(STAMP) ## GPU check: kernel backend == torch backend, and their tra
 	$(PY) benchmarks/bench_gpu.py $(ARGS)
 	$(PY) benchmarks/bench_gpu_arch.py
 
-.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval export passkey arbiter babilong copying niah tensorboard generate bench bench-gpu
+.PHONY: help install demo test test-slow test-rehearsal test-kernels test-gpu gpu-check lint finetune fit-noise eval export passkey arbiter fixes-table babilong copying niah tensorboard generate bench bench-gpu
