@@ -502,6 +502,15 @@ def run_make(words: list[str], world: Path, checks: Checks, real: list[str] | No
             result = checks.result("parse", raw)
             assert result["code"] == 0, f"{' '.join(cmd)}: {result['code']}\n{result['output']}"
             how.add("parsed")
+        elif any(w.endswith("scripts/fixes_table.py") for w in cmd):  # make fixes-table: each evaluation, dry-run
+            proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fixes_table.py"), "--dry-run",
+                                   *cmd[2:]], cwd=world, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            evals = [shlex.split(line)[1:] for line in proc.stdout.splitlines() if line.startswith("recurlen eval")]
+            assert evals, f"make fixes-table planned no evaluation in the tiny demo's world:\n{proc.stdout}"
+            for argv in evals:
+                recurlen(argv, real=None)
+            how.add("dry-run")
         elif cmd[:1] == ["bash"] and cmd[1].endswith(".sh"):  # make gpu-check
             run_gpu_check(cmd, env, checks)
             how.add("script")
