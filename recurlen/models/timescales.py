@@ -11,11 +11,24 @@ MambaExtend scales dt, spectrum scaling scales A. An architecture offers this by
     "A_log"   the decays are parameters: the mixer has `A_log` and `decay_rates()` (each state entry's rate per
               token at zero input, shaped as A_log followed by the dims its entries share), so a per-entry change of
               A can be folded into A_log (what a checkpoint and an export keep)
+    "B"       the mixer reads `B_scale` (None or a scalar tensor) and multiplies B by it wherever it forms B (scan,
+              kernel, step): the input dt x B^T enters the state scaled, the decay does not move
+    "decay"   the mixer reads `decay_scale` (None or a scalar tensor) and multiplies each token's decay exp(dt A) by
+              it, i.e. adds log(decay_scale) to the log decay dt A (in its chunked scan and its step; where a kernel
+              takes dt and A apart and cannot form it, the layer runs its PyTorch scan)
+    "state_norm" the mixer reads `state_norm_max` (None or a cap per head, (H,)) and, after every token, scales
+              each head's state down to that Frobenius norm where it is above it (a token-by-token scan: the cap is
+              not linear in the state, so there is no chunked form)
+
+"B", "decay" and "state_norm" are Stuffed Mamba's knobs (recurlen.evaluation.fixes.stuffed_mamba; its dt and A
+multipliers are the "dt" and "A" scales with one value on every layer).
 
 The scales are plain attributes, not parameters or buffers: state_dict, checkpoints and the official format are
 the model's own, and a scale of None costs nothing. A scale that the official format cannot express (dt) lives only
 on the loaded model; `fold_A_scales` moves the A scales into A_log, exactly (A = -exp(A_log)). Writing the weights
-(`prepare_to_write`, called by the official and transformers writers) folds an A scale and refuses a dt scale.
+(`prepare_to_write`, called by the official and transformers writers) folds an A scale and refuses a dt scale, and
+refuses a B scale (B comes out of the convolution and its SiLU: no linear map holds it), a decay scale (the log decay
+dt A + log s is no dt' A of a softplus dt') and a state norm cap (no format has one).
 """
 
 from __future__ import annotations
@@ -25,7 +38,9 @@ import torch.nn as nn
 
 from recurlen.util.errors import UserError
 
-KNOBS = ("dt", "A", "A_log")
+KNOBS = ("dt", "A", "A_log", "B", "decay", "state_norm")
+SCALED = {"dt": "dt_scale", "A": "A_scale", "B": "B_scale", "decay": "decay_scale"}
+"""The knobs that are one scale per layer, and the mixer attribute each sets."""
 
 
 def knobs(model_or_cls) -> tuple[str, ...]:
@@ -51,15 +66,15 @@ def softplus_inverse(y: torch.Tensor) -> torch.Tensor:
 
 
 def set_scales(model: nn.Module, knob: str, scales_K: torch.Tensor | None) -> None:
-    """Set every layer's `dt_scale` or `A_scale` (scales_K: one value per layer, kept in the graph so that a
-    calibration can differentiate through it; None: remove the scales)."""
-    if knob not in ("dt", "A") or knob not in knobs(model):
+    """Set every layer's `dt_scale`, `A_scale`, `B_scale` or `decay_scale` (scales_K: one value per layer, kept in
+    the graph so that a calibration can differentiate through it; None: remove the scales)."""
+    if knob not in SCALED or knob not in knobs(model):
         raise ValueError(f"{type(model).__name__} does not scale {knob!r}; it scales {list(knobs(model))}")
     layers = mixers(model)
     if scales_K is not None and scales_K.shape != (len(layers),):
         raise ValueError(f"{knob} scales: need one per layer ({len(layers)}); got shape {tuple(scales_K.shape)}")
     for i, mixer in enumerate(layers):
-        setattr(mixer, f"{knob}_scale", None if scales_K is None else scales_K[i])
+        setattr(mixer, SCALED[knob], None if scales_K is None else scales_K[i])
 
 
 @torch.no_grad()
@@ -92,6 +107,17 @@ def prepare_to_write(model: nn.Module) -> None:
                         "MambaExtend), which no weights file can hold (softplus(x + b) s is no softplus of an affine "
                         "map of x), so writing it would drop the fix; evaluate it where it lives, on the loaded model "
                         "(recurlen eval / passkey / niah fixes=[mambaextend]), or write the model without it")
+    for knob, why in (("B", "B comes out of the convolution and its SiLU, so no linear map in the weights holds it"),
+                      ("decay", "the log decay dt A + log s is no dt' A of a softplus dt'")):
+        if any(_set(getattr(m, SCALED[knob], None)) for m in layers):
+            raise UserError(f"{type(model).__name__} has its {knob} scaled (Stuffed Mamba's "
+                            f"{'b_mult' if knob == 'B' else 'da_mult'}), which no weights file can hold ({why}), so "
+                            "writing it would drop the fix; evaluate it on the loaded model (fixes=[stuffed_mamba]) "
+                            "or write the model without it")
+    if any(getattr(m, "state_norm_max", None) is not None for m in layers):
+        raise UserError(f"{type(model).__name__} has its state norm capped (Stuffed Mamba's state normalisation), "
+                        "which no weights format holds, so writing it would drop the fix; evaluate it on the loaded "
+                        "model (fixes=[stuffed_mamba]) or write the model without it")
     if any(_set(getattr(m, "A_scale", None)) for m in layers):
         if "A_log" not in knobs(model):
             raise UserError(f"{type(model).__name__} has its A scaled per layer (a_scale), which its weights cannot "
@@ -101,5 +127,5 @@ def prepare_to_write(model: nn.Module) -> None:
         fold_A_scales(model)
 
 
-__all__ = ["KNOBS", "fold_A_scales", "knobs", "mixers", "prepare_to_write", "scaled", "set_scales",
+__all__ = ["KNOBS", "SCALED", "fold_A_scales", "knobs", "mixers", "prepare_to_write", "scaled", "set_scales",
            "softplus_inverse"]

@@ -19,6 +19,9 @@ W = d_conv - 1 carried conv inputs, K layers, V vocabulary.
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,7 +31,7 @@ from recurlen.models.layers import GatedRMSNorm, sample_A, sample_dt_bias, up
 from recurlen.models.mamba2 import kernels
 from recurlen.models.mamba2.config import Mamba2Config
 from recurlen.models.mamba2.kernels import KERNELS
-from recurlen.models.mamba2.scan import ssd_chunked, ssd_step
+from recurlen.models.mamba2.scan import ssd_capped, ssd_chunked, ssd_step
 from recurlen.models.mamba2.state import RecurrentState
 from recurlen.models.mamba2.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
@@ -39,6 +42,15 @@ from recurlen.models.timescales import scaled, softplus_inverse
 # (chunk x chunk) elementwise passes per head, which are memory-bound on a CPU. At the official shapes
 # (chunk 256) chunks of 64 make a 130m training step ~10% faster on CPU; GPUs keep the configured one.
 CPU_MAX_CHUNK = 64
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_stuffed_on_torch_scan() -> None:
+    log.warning("Mamba-2 with a decay scale or a state norm cap (fix stuffed_mamba): mamba-ssm's scan forms the decay "
+                "exp(dt A) from dt and a per-head A and caps nothing, so these layers run the PyTorch scan (exact, "
+                "slower)")
 
 
 def torch_chunk_size(configured: int, device: torch.device) -> int:
@@ -62,6 +74,11 @@ class Mamba2Mixer(nn.Module):
         # Scales of dt and A per layer set by training-free fixes (recurlen.models.timescales); None: as trained.
         self.dt_scale: torch.Tensor | None = None
         self.A_scale: torch.Tensor | None = None
+        # Stuffed Mamba's other knobs (recurlen.evaluation.fixes.stuffed_mamba): B x B_scale; each token's decay x
+        # decay_scale; each head's state norm capped at state_norm_max (H,) after every token. None: as trained.
+        self.B_scale: torch.Tensor | None = None
+        self.decay_scale: torch.Tensor | None = None
+        self.state_norm_max: torch.Tensor | None = None
         self.reset_ssm_parameters()
 
     @torch.no_grad()
@@ -100,10 +117,13 @@ class Mamba2Mixer(nn.Module):
             xBC_BLC, conv_state_BCW = conv_out
         x_BLI, B_BLGN, C_BLGN = self._split_xBC(xBC_BLC)
         x_BLHP = x_BLI.unflatten(-1, (cfg.nheads, cfg.headdim))
-        B_BLGN = B_BLGN.unflatten(-1, (cfg.ngroups, cfg.d_state))
+        B_BLGN = scaled(B_BLGN.unflatten(-1, (cfg.ngroups, cfg.d_state)), self.B_scale)
         C_BLGN = C_BLGN.unflatten(-1, (cfg.ngroups, cfg.d_state))
         A_H = self._A()
 
+        if use_kernels and (self.decay_scale is not None or self.state_norm_max is not None):
+            _warn_stuffed_on_torch_scan()  # the kernel takes dt and A apart, and has no per-token cap
+            use_kernels = False
         if use_kernels:
             dt_bias_H = self.dt_bias
             if self.dt_scale is not None:  # the kernel forms softplus(dt + dt_bias): give it the scaled dt's preimage
@@ -117,9 +137,15 @@ class Mamba2Mixer(nn.Module):
                                                  group_size=cfg.d_inner // cfg.ngroups)
         else:
             dt_BLH = self._dt(dt_BLH)
-            y_BLHP, ssm_state_BHPN = ssd_chunked(x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN,
-                                                 chunk_size=torch_chunk_size(cfg.chunk_size, x_BLHP.device),
-                                                 initial_state_BHPN=ssm_state_BHPN, resets_BL=resets)
+            if self.state_norm_max is not None:
+                y_BLHP, ssm_state_BHPN = ssd_capped(x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN, norm_max_H=self.state_norm_max,
+                                                    initial_state_BHPN=ssm_state_BHPN, resets_BL=resets,
+                                                    log_decay_shift=self._log_decay_shift())
+            else:
+                y_BLHP, ssm_state_BHPN = ssd_chunked(x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN,
+                                                     chunk_size=torch_chunk_size(cfg.chunk_size, x_BLHP.device),
+                                                     initial_state_BHPN=ssm_state_BHPN, resets_BL=resets,
+                                                     log_decay_shift=self._log_decay_shift())
             y_BLHP = torch.addcmul(y_BLHP, up(x_BLHP), up(self.D)[:, None])
             y_BLI = self.norm(y_BLHP.flatten(-2).to(u_BLD.dtype), z_BLI)
         return self.out_proj(y_BLI), ssm_state_BHPN, up(conv_state_BCW)
@@ -133,6 +159,9 @@ class Mamba2Mixer(nn.Module):
 
     def _A(self) -> torch.Tensor:
         return scaled(-torch.exp(up(self.A_log)), self.A_scale)
+
+    def _log_decay_shift(self) -> torch.Tensor | None:
+        return None if self.decay_scale is None else torch.log(up(self.decay_scale))
 
     def decay_rates(self) -> torch.Tensor:
         """(H, P, N): each state entry's decay rate per token at zero input, dt(0) x |A| of its head (every
@@ -150,8 +179,9 @@ class Mamba2Mixer(nn.Module):
         x_BHP = x_BI.unflatten(-1, (cfg.nheads, cfg.headdim))
         y_BHP, ssm_state_BHPN = ssd_step(
             x_BHP, self._dt(dt_BH), self._A(),
-            B_BG.unflatten(-1, (cfg.ngroups, cfg.d_state)), C_BG.unflatten(-1, (cfg.ngroups, cfg.d_state)),
-            up(ssm_state_BHPN))
+            scaled(B_BG.unflatten(-1, (cfg.ngroups, cfg.d_state)), self.B_scale),
+            C_BG.unflatten(-1, (cfg.ngroups, cfg.d_state)), up(ssm_state_BHPN),
+            log_decay_shift=self._log_decay_shift(), norm_max_H=self.state_norm_max)
         y_BHP = y_BHP + up(x_BHP) * up(self.D)[:, None]
         y_BI = self.norm(y_BHP.flatten(-2).to(u_BD.dtype), z_BI)
         return self.out_proj(y_BI), ssm_state_BHPN, up(conv_state_BCW)
@@ -167,7 +197,7 @@ class Mamba2LM(MixerModelLM):
     mixer_cls = Mamba2Mixer
     transformers = TRANSFORMERS_FORMAT
     supports_resets = True
-    TIMESCALES = ("dt", "A", "A_log")  # recurlen.models.timescales
+    TIMESCALES = ("dt", "A", "A_log", "B", "decay", "state_norm")  # recurlen.models.timescales
 
 
 __all__ = ["Mamba2LM", "Mamba2Mixer"]

@@ -7,6 +7,11 @@ Recurrence per head, for t = 0..L-1 (h_{-1} = initial state):
 l: inside a chunk it is a masked (l x l) "attention" with decays exp(segsum); across chunks a
 state is passed sequentially, so the cost is linear in the number of chunks.
 
+Two training-free changes (Stuffed Mamba's, recurlen.evaluation.fixes.stuffed_mamba) live here: a shift of the log
+decay, dt_t * A + shift (each token's decay multiplied by exp(shift)), which both forms take; and a cap on each
+head's state norm after every token, h_t <- h_t min(1, cap / ||h_t||), which is not linear in h, so it has no
+chunked form: `ssd_capped` runs it token by token.
+
 Legend: B batch, L length, H heads, P headdim, N d_state, G groups (r = H/G heads each, R = r*P rows),
 c chunks, l/s chunk positions.
 """
@@ -144,6 +149,7 @@ def ssd_chunked(
     chunk_size: int,
     initial_state_BHPN: torch.Tensor | None = None,
     resets_BL: torch.Tensor | None = None,
+    log_decay_shift: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked SSD. dt is already positive (after softplus). Returns y and the final state in float32.
 
@@ -151,6 +157,7 @@ def ssd_chunked(
     models: H times less work than per head, and no H-fold copies of B and C); only decays are per head.
     With `resets_BL` (True where a document starts) h is zero before each flagged position: every decay across a
     flag is cut, inside the chunks (pairs of one document only) and between them (recurlen.models.resets).
+    `log_decay_shift` (a scalar or one per head) is added to every token's log decay dt A.
     """
     batch, length, nheads, headdim = x_BLHP.shape
     ngroups, d_state = B_BLGN.shape[-2:]
@@ -171,7 +178,10 @@ def ssd_chunked(
     X_BclHP = (x * dt.unsqueeze(-1)).view(batch, c, l, nheads, headdim)
     B_BcGln = B.view(batch, c, l, ngroups, d_state).transpose(2, 3)
     C_BcGln = C.view(batch, c, l, ngroups, d_state).transpose(2, 3)
-    Adt_BcHl = (dt * A).view(batch, c, l, nheads).transpose(2, 3)
+    Adt_BLH = dt * A
+    if log_decay_shift is not None:  # real tokens only: a padded step keeps decay 1, or it would move the final state
+        Adt_BLH = Adt_BLH + F.pad(up(log_decay_shift).expand(batch, length, nheads), (0, 0, 0, pad))
+    Adt_BcHl = Adt_BLH.view(batch, c, l, nheads).transpose(2, 3)
     Acum_BcHl = Adt_BcHl.cumsum(dim=-1)
 
     # Flags so far in each chunk: pairs of one document agree; 0 where the entering state is still read.
@@ -220,17 +230,64 @@ def ssd_step(
     B_BGN: torch.Tensor,
     C_BGN: torch.Tensor,
     state_BHPN: torch.Tensor,
+    *,
+    log_decay_shift: torch.Tensor | None = None,
+    norm_max_H: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of the recurrence (generation, and the naive reference)."""
+    """One token of the recurrence (generation, and the naive reference). `log_decay_shift` is added to the log
+    decay dt A; with `norm_max_H` each head's new state is scaled down to that Frobenius norm where it is above it,
+    before it is read (y) and kept."""
     nheads = x_BHP.shape[1]
     dtype = state_BHPN.dtype
     x, dt, A = x_BHP.to(dtype), dt_BH.to(dtype), A_H.to(dtype)
     B = _heads_from_groups(B_BGN.unsqueeze(1), nheads).squeeze(1).to(dtype)
     C = _heads_from_groups(C_BGN.unsqueeze(1), nheads).squeeze(1).to(dtype)
-    decay_BH = torch.exp(dt * A)
+    log_decay_BH = dt * A if log_decay_shift is None else dt * A + log_decay_shift.to(dtype)
+    decay_BH = torch.exp(log_decay_BH)
     state = decay_BH[..., None, None] * state_BHPN + (dt[..., None] * x)[..., None] * B[:, :, None, :]
+    if norm_max_H is not None:
+        state = cap_norm(state, norm_max_H)
     y_BHP = torch.einsum("bhpn,bhn->bhp", state, C)
     return y_BHP, state
+
+
+def cap_norm(state_BHPN: torch.Tensor, norm_max_H: torch.Tensor) -> torch.Tensor:
+    """Each head's state scaled down to Frobenius norm norm_max_H[h] where it is above it; the others unchanged."""
+    norm_BH = torch.linalg.vector_norm(state_BHPN, dim=(-2, -1))
+    cap_H = norm_max_H.to(state_BHPN.dtype)
+    # where, not min(1, cap / norm): a zero state under a zero cap stays zero instead of 0 / 0
+    factor_BH = torch.where(norm_BH > cap_H, cap_H / norm_BH, torch.ones_like(norm_BH))
+    return state_BHPN * factor_BH[..., None, None]
+
+
+def ssd_capped(
+    x_BLHP: torch.Tensor,
+    dt_BLH: torch.Tensor,
+    A_H: torch.Tensor,
+    B_BLGN: torch.Tensor,
+    C_BLGN: torch.Tensor,
+    *,
+    norm_max_H: torch.Tensor,
+    initial_state_BHPN: torch.Tensor | None = None,
+    resets_BL: torch.Tensor | None = None,
+    log_decay_shift: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence with each head's state norm capped after every token (Stuffed Mamba's state normalisation,
+    applied per token): L sequential steps in float32, as ssd_chunked's inputs and outputs. Capping per token keeps
+    a split call equal to one call (the state carried between them is the capped one). `resets_BL`: h is zero before
+    each flagged position."""
+    batch, length, nheads, headdim = x_BLHP.shape
+    state = x_BLHP.new_zeros(batch, nheads, headdim, B_BLGN.shape[-1], dtype=torch.float32) \
+        if initial_state_BHPN is None else up(initial_state_BHPN)
+    x, dt, A, B, C = up(x_BLHP), up(dt_BLH), up(A_H), up(B_BLGN), up(C_BLGN)
+    ys = []
+    for t in range(length):
+        if resets_BL is not None:
+            state = state * (~resets_BL[:, t]).to(state.dtype)[:, None, None, None]
+        y, state = ssd_step(x[:, t], dt[:, t], A, B[:, t], C[:, t], state, log_decay_shift=log_decay_shift,
+                            norm_max_H=norm_max_H)
+        ys.append(y)
+    return torch.stack(ys, dim=1), state
 
 
 def ssd_naive(
