@@ -20,6 +20,14 @@ MambaExtend scales dt, spectrum scaling scales A. An architecture offers this by
               each head's state down to that Frobenius norm where it is above it (a token-by-token scan: the cap is
               not linear in the state, so there is no chunked form)
 
+    "dt_select" the mixer reads `dt_select` (None, or a dt threshold per channel: per inner channel on Mamba-1, per
+              head on Mamba-2, whose dt is per head) and sets dt to 0 wherever it is not above its channel's threshold
+              (`select_tokens`; scan, kernel and step): such a token leaves that channel's state as it was, decay
+              exp(0 A) = 1 and input 0 B x = 0 (LongMamba's token filter, recurlen.evaluation.fixes.token_selection);
+              a threshold of 0 filters nothing. The mixer's `dt_probe()` gives what the calibration reads: the
+              submodule whose output holds the raw dt, the map from that output to dt (before the filter) and each
+              channel's slowest decay per unit dt. Mamba-3 does not offer it (recurlen.models.mamba3.model says why)
+
 "B", "decay" and "state_norm" are Stuffed Mamba's knobs (recurlen.evaluation.fixes.stuffed_mamba; its dt and A
 multipliers are the "dt" and "A" scales with one value on every layer).
 
@@ -28,7 +36,8 @@ the model's own, and a scale of None costs nothing. A scale that the official fo
 on the loaded model; `fold_A_scales` moves the A scales into A_log, exactly (A = -exp(A_log)). Writing the weights
 (`prepare_to_write`, called by the official and transformers writers) folds an A scale and refuses a dt scale, and
 refuses a B scale (B comes out of the convolution and its SiLU: no linear map holds it), a decay scale (the log decay
-dt A + log s is no dt' A of a softplus dt') and a state norm cap (no format has one).
+dt A + log s is no dt' A of a softplus dt'), a state norm cap (no format has one) and a token filter (a rule per token
+on dt, not a weight).
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import torch.nn as nn
 
 from recurlen.util.errors import UserError
 
-KNOBS = ("dt", "A", "A_log", "B", "decay", "state_norm")
+KNOBS = ("dt", "A", "A_log", "B", "decay", "state_norm", "dt_select")
 SCALED = {"dt": "dt_scale", "A": "A_scale", "B": "B_scale", "decay": "decay_scale"}
 """The knobs that are one scale per layer, and the mixer attribute each sets."""
 
@@ -63,6 +72,45 @@ def softplus_inverse(y: torch.Tensor) -> torch.Tensor:
     """x with softplus(x) = y > 0: what a kernel that forms softplus(dt_raw + dt_bias) itself is given for a dt
     already formed (and scaled) outside it, with dt_bias zero."""
     return y + torch.log(-torch.expm1(-y))
+
+
+DT_OFF = -1.0e4
+"""The raw dt a kernel is given for a filtered token: softplus(-1e4) is exactly 0 in float32 (exp underflows), where
+softplus_inverse(0) would be -inf."""
+
+
+def kernel_dt(dt: torch.Tensor) -> torch.Tensor:
+    """What a kernel that forms softplus(raw + 0) itself is given for a dt formed outside it (scaled, filtered):
+    softplus_inverse(dt), and DT_OFF where dt is 0."""
+    return torch.where(dt > 0, softplus_inverse(dt.clamp_min(torch.finfo(dt.dtype).tiny)), DT_OFF)
+
+
+def select_tokens(dt_xC: torch.Tensor, thresholds_C: torch.Tensor | None) -> torch.Tensor:
+    """LongMamba's token filter (knob "dt_select"): dt where it is above its channel's threshold (the last dim), 0
+    elsewhere; dt itself without thresholds (the model as trained, bit for bit). dt > 0, so a threshold of 0 keeps
+    every token (a dt that underflowed to 0 stays 0)."""
+    if thresholds_C is None:
+        return dt_xC
+    return torch.where(dt_xC > thresholds_C.to(dt_xC.dtype), dt_xC, 0.0)
+
+
+def set_token_filter(model: nn.Module, thresholds: list[torch.Tensor | None]) -> None:
+    """Set every layer's `dt_select`: a dt threshold per channel (0: the channel keeps every token), or None."""
+    if "dt_select" not in knobs(model):
+        raise ValueError(f"{type(model).__name__} has no token filter (knob 'dt_select'); it offers "
+                         f"{list(knobs(model))}")
+    layers = mixers(model)
+    if len(thresholds) != len(layers):
+        raise ValueError(f"token filter: need one entry per layer ({len(layers)}); got {len(thresholds)}")
+    for mixer, thr in zip(layers, thresholds):
+        if thr is not None and not bool(((thr >= 0) & torch.isfinite(thr)).all()):
+            raise ValueError(f"token filter thresholds must be finite and >= 0; got {thr.tolist()}")
+        mixer.dt_select = thr
+
+
+def _filters(thresholds: torch.Tensor | None) -> bool:
+    """A token filter that changes the model (None and all-zero thresholds keep every token)."""
+    return thresholds is not None and bool((thresholds > 0).any())
 
 
 def set_scales(model: nn.Module, knob: str, scales_K: torch.Tensor | None) -> None:
@@ -118,6 +166,11 @@ def prepare_to_write(model: nn.Module) -> None:
         raise UserError(f"{type(model).__name__} has its state norm capped (Stuffed Mamba's state normalisation), "
                         "which no weights format holds, so writing it would drop the fix; evaluate it on the loaded "
                         "model (fixes=[stuffed_mamba]) or write the model without it")
+    if any(_filters(getattr(m, "dt_select", None)) for m in layers):
+        raise UserError(f"{type(model).__name__} filters tokens in its global channels (LongMamba: dt set to 0 below a "
+                        "threshold per channel), which no weights file can hold (a rule per token on dt, not a "
+                        "weight), so writing it would drop the fix; evaluate it on the loaded model "
+                        "(fixes=[longmamba]) or write the model without it")
     if any(_set(getattr(m, "A_scale", None)) for m in layers):
         if "A_log" not in knobs(model):
             raise UserError(f"{type(model).__name__} has its A scaled per layer (a_scale), which its weights cannot "
@@ -127,5 +180,5 @@ def prepare_to_write(model: nn.Module) -> None:
         fold_A_scales(model)
 
 
-__all__ = ["KNOBS", "SCALED", "fold_A_scales", "knobs", "mixers", "prepare_to_write", "scaled", "set_scales",
-           "softplus_inverse"]
+__all__ = ["DT_OFF", "KNOBS", "SCALED", "fold_A_scales", "kernel_dt", "knobs", "mixers", "prepare_to_write", "scaled",
+           "select_tokens", "set_scales", "set_token_filter", "softplus_inverse"]

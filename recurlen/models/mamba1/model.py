@@ -36,7 +36,7 @@ from recurlen.models.mamba1.scan import selective_scan_chunked, selective_scan_s
 from recurlen.models.mamba1.state import Mamba1State
 from recurlen.models.mamba1.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
-from recurlen.models.timescales import scaled, softplus_inverse
+from recurlen.models.timescales import kernel_dt, scaled, select_tokens
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ class Mamba1Mixer(nn.Module):
         # Scales of dt and A per layer set by training-free fixes (recurlen.models.timescales); None: as trained.
         self.dt_scale: torch.Tensor | None = None
         self.A_scale: torch.Tensor | None = None
+        # LongMamba's token filter (timescales, knob "dt_select"): a dt threshold per inner channel (I,), 0 where the
+        # channel keeps every token; None: as trained.
+        self.dt_select: torch.Tensor | None = None
         self.reset_ssm_parameters()
 
     @torch.no_grad()
@@ -83,11 +86,14 @@ class Mamba1Mixer(nn.Module):
         self.D.fill_(1.0)
 
     def _ssm_inputs(self, x_BLI: torch.Tensor):
-        """x -> (dt after softplus, B, C) through x_proj and dt_proj."""
+        """x -> (dt after softplus and the token filter, B, C) through x_proj and dt_proj."""
         cfg = self.cfg
         dt_BLR, B_BLN, C_BLN = torch.split(self.x_proj(x_BLI), [cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
+        return select_tokens(self._dt(dt_BLR), self.dt_select), B_BLN, C_BLN
+
+    def _dt(self, dt_BLR: torch.Tensor) -> torch.Tensor:
         # softplus(W dt + bias): the bias is dt_proj's, as in the kernel's delta_bias.
-        return scaled(F.softplus(up(self.dt_proj(dt_BLR))), self.dt_scale), B_BLN, C_BLN
+        return scaled(F.softplus(up(self.dt_proj(dt_BLR))), self.dt_scale)
 
     def _A(self) -> torch.Tensor:
         return scaled(-torch.exp(up(self.A_log)), self.A_scale)
@@ -113,9 +119,10 @@ class Mamba1Mixer(nn.Module):
         if use_kernels:
             dt_BLR, B_BLN, C_BLN = torch.split(self.x_proj(x_BLI), [cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
             dt_raw_BLI, dt_bias_I = F.linear(dt_BLR, self.dt_proj.weight), self.dt_proj.bias
-            if self.dt_scale is not None:  # the kernel forms softplus(dt + bias): give it the scaled dt's preimage
-                dt_raw_BLI = softplus_inverse(scaled(F.softplus(up(dt_raw_BLI + dt_bias_I)), self.dt_scale))
-                dt_bias_I = torch.zeros_like(dt_bias_I)
+            if self.dt_scale is not None or self.dt_select is not None:
+                # the kernel forms softplus(dt + bias): give it the preimage of the scaled, filtered dt
+                dt_BLI = select_tokens(scaled(F.softplus(up(dt_raw_BLI + dt_bias_I)), self.dt_scale), self.dt_select)
+                dt_raw_BLI, dt_bias_I = kernel_dt(dt_BLI), torch.zeros_like(dt_bias_I)
             y_BLI, ssm_state_BIN = kernels.selective_scan(
                 x_BLI, dt_raw_BLI, A_IN, B_BLN, C_BLN, D_I=self.D, dt_bias_I=dt_bias_I,
                 initial_state_BIN=ssm_state_BIN)
@@ -144,6 +151,12 @@ class Mamba1Mixer(nn.Module):
         entry keeps exp(-rate) of itself per token; the input moves dt, per channel, around this)."""
         return scaled(F.softplus(up(self.dt_proj.bias)), self.dt_scale)[:, None] * -self._A()
 
+    def dt_probe(self):
+        """What the token filter's calibration reads (timescales, knob "dt_select"): the submodule whose output holds
+        the raw dt (x_proj: [dt | B | C]), the map from that output to dt per channel (B, L, I) before the filter,
+        and each channel's slowest decay per unit dt, min_n |A[i, n]| (I,): the entry that reaches furthest."""
+        return self.x_proj, lambda out: self._dt(out[..., :self.cfg.dt_rank]), (-self._A()).amin(dim=-1)
+
 
 class Mamba1LM(MixerModelLM):
     """Mamba-1 LM: embedding -> blocks -> norm_f -> (tied) LM head, with state in and out (the shell is
@@ -155,7 +168,7 @@ class Mamba1LM(MixerModelLM):
     mixer_cls = Mamba1Mixer
     transformers = TRANSFORMERS_FORMAT
     supports_resets = True
-    TIMESCALES = ("dt", "A", "A_log")  # recurlen.models.timescales
+    TIMESCALES = ("dt", "A", "A_log", "dt_select")  # recurlen.models.timescales
 
 
 __all__ = ["Mamba1LM", "Mamba1Mixer"]

@@ -36,7 +36,7 @@ from recurlen.models.mamba2.state import RecurrentState
 from recurlen.models.mamba2.transformers_format import TRANSFORMERS_FORMAT
 from recurlen.models.mixer_model import MixerModelLM
 from recurlen.models.resets import seq_idx
-from recurlen.models.timescales import scaled, softplus_inverse
+from recurlen.models.timescales import kernel_dt, scaled, select_tokens
 
 # The scan's result does not depend on the chunk length, only its cost does: inside a chunk the work is
 # (chunk x chunk) elementwise passes per head, which are memory-bound on a CPU. At the official shapes
@@ -79,6 +79,9 @@ class Mamba2Mixer(nn.Module):
         self.B_scale: torch.Tensor | None = None
         self.decay_scale: torch.Tensor | None = None
         self.state_norm_max: torch.Tensor | None = None
+        # LongMamba's token filter (timescales, knob "dt_select"): a dt threshold per head (H,), 0 where the head keeps
+        # every token; None: as trained.
+        self.dt_select: torch.Tensor | None = None
         self.reset_ssm_parameters()
 
     @torch.no_grad()
@@ -126,17 +129,21 @@ class Mamba2Mixer(nn.Module):
             use_kernels = False
         if use_kernels:
             dt_bias_H = self.dt_bias
-            if self.dt_scale is not None:  # the kernel forms softplus(dt + dt_bias): give it the scaled dt's preimage
-                dt_BLH, dt_bias_H = softplus_inverse(self._dt(dt_BLH)), torch.zeros_like(self.dt_bias)
+            dt_limit = cfg.dt_limit
+            if self.dt_scale is not None or self.dt_select is not None:
+                # the kernel forms softplus(dt + dt_bias): give it the preimage of the dt formed here (clamped, scaled,
+                # filtered), which it must not clamp again (a filtered 0 would become dt_limit's floor)
+                dt_BLH = kernel_dt(select_tokens(self._dt(dt_BLH), self.dt_select))
+                dt_bias_H, dt_limit = torch.zeros_like(self.dt_bias), (0.0, float("inf"))
             y_BLHP, ssm_state_BHPN = kernels.ssd_kernel(
                 x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN, chunk_size=cfg.chunk_size, D_H=self.D,
-                dt_bias_H=dt_bias_H, dt_limit=cfg.dt_limit, initial_state_BHPN=ssm_state_BHPN,
+                dt_bias_H=dt_bias_H, dt_limit=dt_limit, initial_state_BHPN=ssm_state_BHPN,
                 seq_idx_BL=None if resets is None else seq_idx(resets))
             y_BLI = y_BLHP.flatten(-2)
             y_BLI = kernels.gated_rmsnorm_kernel(y_BLI, z_BLI, self.norm.weight, eps=cfg.norm_eps,
                                                  group_size=cfg.d_inner // cfg.ngroups)
         else:
-            dt_BLH = self._dt(dt_BLH)
+            dt_BLH = select_tokens(self._dt(dt_BLH), self.dt_select)
             if self.state_norm_max is not None:
                 y_BLHP, ssm_state_BHPN = ssd_capped(x_BLHP, dt_BLH, A_H, B_BLGN, C_BLGN, norm_max_H=self.state_norm_max,
                                                     initial_state_BHPN=ssm_state_BHPN, resets_BL=resets,
@@ -163,6 +170,12 @@ class Mamba2Mixer(nn.Module):
     def _log_decay_shift(self) -> torch.Tensor | None:
         return None if self.decay_scale is None else torch.log(up(self.decay_scale))
 
+    def dt_probe(self):
+        """What the token filter's calibration reads (timescales, knob "dt_select"): the submodule whose output holds
+        the raw dt (in_proj: [z | xBC | dt]), the map from that output to dt per head (B, L, H) before the filter, and
+        each head's decay per unit dt, |A| (H,)."""
+        return self.in_proj, lambda out: self._dt(self._split(out)[2]), -self._A()
+
     def decay_rates(self) -> torch.Tensor:
         """(H, P, N): each state entry's decay rate per token at zero input, dt(0) x |A| of its head (every
         entry of a head decays alike)."""
@@ -178,7 +191,7 @@ class Mamba2Mixer(nn.Module):
         x_BI, B_BG, C_BG = self._split_xBC(F.silu(xBC_B1C.squeeze(1)))
         x_BHP = x_BI.unflatten(-1, (cfg.nheads, cfg.headdim))
         y_BHP, ssm_state_BHPN = ssd_step(
-            x_BHP, self._dt(dt_BH), self._A(),
+            x_BHP, select_tokens(self._dt(dt_BH), self.dt_select), self._A(),
             scaled(B_BG.unflatten(-1, (cfg.ngroups, cfg.d_state)), self.B_scale),
             C_BG.unflatten(-1, (cfg.ngroups, cfg.d_state)), up(ssm_state_BHPN),
             log_decay_shift=self._log_decay_shift(), norm_max_H=self.state_norm_max)
@@ -197,7 +210,7 @@ class Mamba2LM(MixerModelLM):
     mixer_cls = Mamba2Mixer
     transformers = TRANSFORMERS_FORMAT
     supports_resets = True
-    TIMESCALES = ("dt", "A", "A_log", "B", "decay", "state_norm")  # recurlen.models.timescales
+    TIMESCALES = ("dt", "A", "A_log", "B", "decay", "state_norm", "dt_select")  # recurlen.models.timescales
 
 
 __all__ = ["Mamba2LM", "Mamba2Mixer"]

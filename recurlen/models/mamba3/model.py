@@ -151,6 +151,10 @@ class Mamba3LM(MixerModelLM):
     mixer_cls = Mamba3Mixer
     official = MAMBA3_FORMAT
     TIMESCALES = ("dt", "A")  # recurlen.models.timescales; its A comes from the input, so no A_log to fold into
+    # No "dt_select" (LongMamba's token filter, dt = 0 for the tokens it drops): the trapezoid's second input term
+    # beta_t v_t-1 k_t-1^T is weighed by dt_t, so dt_t = 0 would also drop half of the token before, and the dropped
+    # token's own half would still enter at t+1 (beta_t+1): the filter would not act on one token, as it does on
+    # Mamba-1 and Mamba-2, where a token at dt = 0 leaves the state exactly as it was.
     supports_resets = True
 
     def state_decays(self) -> dict[str, torch.Tensor]:
