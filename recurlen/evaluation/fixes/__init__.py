@@ -12,10 +12,11 @@ from __future__ import annotations
 from recurlen.evaluation.fixes.base import Fix, FixRecord
 from recurlen.evaluation.fixes.forget_more import ForgetMore
 from recurlen.evaluation.fixes.scales import AScale, MambaExtend
+from recurlen.evaluation.fixes.stuffed_mamba import StuffedMamba
 from recurlen.util.arguments import suggest
 from recurlen.util.errors import UserError
 
-FIXES: dict[str, type[Fix]] = {f.name: f for f in (MambaExtend, AScale, ForgetMore)}
+FIXES: dict[str, type[Fix]] = {f.name: f for f in (MambaExtend, AScale, ForgetMore, StuffedMamba)}
 
 
 def get(name: str) -> Fix:

@@ -28,6 +28,10 @@ def fix_values(fix: dict) -> str:
     if "memory_T" in values:
         cap = "none helped (unchanged)" if values["memory_T"] is None else f"{values['memory_T']:g} T"
         return f"memory cap {cap}, {values.get('entries_changed')} of {values.get('entries')} entries changed"
+    if "multipliers" in values:  # stuffed_mamba
+        words = ", ".join(f"{k} {v:g}" for k, v in values["multipliers"].items())
+        cap = values.get("state_norm")
+        return words + (f", state norm capped at {cap:g} x its norm at T" if cap is not None else "")
     return ""
 
 
@@ -93,6 +97,8 @@ def fixes_section(runs: Sequence[dict]) -> list[str]:
         cal = fix.get("calibration")
         how = (f"calibrated by {cal['method']} ({cal['steps']} steps, {cal['data']['sequences']} x "
                f"{cal['data']['length']} tokens): loss {cal['loss_before']:.3f} -> {cal['loss_after']:.3f}"
+               if cal and cal.get("loss_before") is not None else
+               f"{cal['method']} measured ({cal['data']['sequences']} x {cal['data']['length']} tokens), no search"
                if cal else "not calibrated (settings given)")
         lines.append(f"- {run['label']}: {fix['paper']}; {fix_values(fix)}; {how}")
     return lines + [""]
