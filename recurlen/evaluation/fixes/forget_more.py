@@ -4,8 +4,8 @@ The design is recurlen's own; the motivation is Stuffed Mamba's (Chen et al., CO
 model trained on contexts shorter than its state can hold never learns to forget, so past the training length its
 state overflows ("state collapse"), and making the model forget more brings the loss back. What Stuffed Mamba's code
 has for that is different: global multipliers, one number for every layer, of dt, of the per-token decay, of B and of
-A (set_dt_mult, set_da_mult, set_b_mult, set_a_mult in its Mamba-2 analysis model), which recurlen does not
-implement. recurlen's cap: every state entry whose memory at zero input, 1 / (dt(0) |A|) tokens, is longer than
+A (set_dt_mult, set_da_mult, set_b_mult, set_a_mult in its Mamba-2 analysis model), applied by recurlen's fix
+`stuffed_mamba`. recurlen's cap: every state entry whose memory at zero input, 1 / (dt(0) |A|) tokens, is longer than
 `memory` x T (T the training context) gets its A scaled so that it is exactly that; faster entries are untouched. The
 change is folded into A_log, so checkpoints and exports keep it. `memory` is chosen from a grid by the calibration
 loss on held-out sequences of the target length (one number calibrated), or given.
