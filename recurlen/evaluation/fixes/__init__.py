@@ -13,10 +13,11 @@ from recurlen.evaluation.fixes.base import Fix, FixRecord
 from recurlen.evaluation.fixes.forget_more import ForgetMore
 from recurlen.evaluation.fixes.scales import AScale, MambaExtend
 from recurlen.evaluation.fixes.stuffed_mamba import StuffedMamba
+from recurlen.evaluation.fixes.token_selection import LongMamba
 from recurlen.util.arguments import suggest
 from recurlen.util.errors import UserError
 
-FIXES: dict[str, type[Fix]] = {f.name: f for f in (MambaExtend, AScale, ForgetMore, StuffedMamba)}
+FIXES: dict[str, type[Fix]] = {f.name: f for f in (MambaExtend, AScale, ForgetMore, StuffedMamba, LongMamba)}
 
 
 def get(name: str) -> Fix:

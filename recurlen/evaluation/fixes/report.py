@@ -28,6 +28,10 @@ def fix_values(fix: dict) -> str:
     if "memory_T" in values:
         cap = "none helped (unchanged)" if values["memory_T"] is None else f"{values['memory_T']:g} T"
         return f"memory cap {cap}, {values.get('entries_changed')} of {values.get('entries')} entries changed"
+    if "global_channels" in values:  # longmamba
+        words = (f"{sum(values['global_channels'])} of {sum(values['channels'])} channels global "
+                 f"({', '.join(map(str, values['global_channels']))} per layer)")
+        return words + ("" if values["filtered"] else f"; none filtered (target {values['target_len']} tokens)")
     if "multipliers" in values:  # stuffed_mamba
         words = ", ".join(f"{k} {v:g}" for k, v in values["multipliers"].items())
         cap = values.get("state_norm")
@@ -95,7 +99,10 @@ def fixes_section(runs: Sequence[dict]) -> list[str]:
     for run in fixed:
         fix = run["fix"]
         cal = fix.get("calibration")
-        how = (f"calibrated by {cal['method']} ({cal['steps']} steps, {cal['data']['sequences']} x "
+        how = (f"calibrated by {cal['method']} on {cal['windows']} windows of {cal['window_len']} tokens (from "
+               f"{cal['data']['sequences']} x {cal['data']['length']} tokens), thresholds for {cal['target_len']} "
+               f"tokens: loss {cal['loss_before']:.3f} -> {cal['loss_after']:.3f}" if cal and "windows" in cal else
+               f"calibrated by {cal['method']} ({cal['steps']} steps, {cal['data']['sequences']} x "
                f"{cal['data']['length']} tokens): loss {cal['loss_before']:.3f} -> {cal['loss_after']:.3f}"
                if cal and cal.get("loss_before") is not None else
                f"{cal['method']} measured ({cal['data']['sequences']} x {cal['data']['length']} tokens), no search"
