@@ -7,10 +7,12 @@ MambaExtend scales dt, spectrum scaling scales A. An architecture offers this by
     dt = scaled(softplus(...), mixer.dt_scale)        A = scaled(-exp(A_log), mixer.A_scale)
 
     "dt"      the mixer reads `dt_scale` (None or a scalar tensor) wherever it forms dt (scan, kernel, step)
-    "A"       the mixer reads `A_scale` likewise wherever it forms A
-    "A_log"   the decays are parameters: the mixer has `A_log` and `decay_rates()` (each state entry's rate per
-              token at zero input, shaped as A_log followed by the dims its entries share), so a per-entry change of
-              A can be folded into A_log (what a checkpoint and an export keep)
+    "A"       the mixer reads `A_scale` likewise wherever it forms A: a scale of each token's log decay (on Mamba
+              dt A with A scaled; on GLA, RWKV-6, Gated DeltaNet and RWKV-7 their per-channel / per-head log decay)
+    "A_log"   the decays' rates are parameters in log space: the mixer has one (`A_log`, or the parameter its class
+              names in LOG_RATE: RWKV-6's time_decay; `log_rate(mixer)`) and `decay_rates()` (each state entry's rate
+              per token at zero input, shaped as that parameter followed by the dims its entries share), so a
+              per-entry change of A can be folded into it exactly (what a checkpoint and an export keep)
     "B"       the mixer reads `B_scale` (None or a scalar tensor) and multiplies B by it wherever it forms B (scan,
               kernel, step): the input dt x B^T enters the state scaled, the decay does not move
     "decay"   the mixer reads `decay_scale` (None or a scalar tensor) and multiplies each token's decay exp(dt A) by
@@ -27,6 +29,9 @@ MambaExtend scales dt, spectrum scaling scales A. An architecture offers this by
               a threshold of 0 filters nothing. The mixer's `dt_probe()` gives what the calibration reads: the
               submodule whose output holds the raw dt, the map from that output to dt (before the filter) and each
               channel's slowest decay per unit dt. Mamba-3 does not offer it (recurlen.models.mamba3.model says why)
+
+GLA, RWKV-6, Gated DeltaNet and RWKV-7 offer no "dt": none has a dt that also scales the input (RWKV and GLA have
+no dt; Gated DeltaNet's dt multiplies the decay alone, so a dt scale would be an A scale).
 
 "B", "decay" and "state_norm" are Stuffed Mamba's knobs (recurlen.evaluation.fixes.stuffed_mamba; its dt and A
 multipliers are the "dt" and "A" scales with one value on every layer).
@@ -59,8 +64,14 @@ def knobs(model_or_cls) -> tuple[str, ...]:
 
 
 def mixers(model: nn.Module) -> list[nn.Module]:
-    """Each layer's mixer, in order."""
-    return [block.mixer for block in model.layers]
+    """Each layer's mixer, in order: mamba-ssm's blocks call it `mixer`, fla's `attn` (RWKV: the time mix)."""
+    return [block.mixer if hasattr(block, "mixer") else block.attn for block in model.layers]
+
+
+def log_rate(mixer: nn.Module) -> nn.Parameter:
+    """The mixer's decay rates in log space (knob "A_log"): `A_log`, or the parameter its class names in LOG_RATE;
+    adding log s to an entry multiplies that entry's log decay by s, for every input."""
+    return mixer.get_parameter(getattr(mixer, "LOG_RATE", "A_log"))
 
 
 def scaled(value: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -127,12 +138,14 @@ def set_scales(model: nn.Module, knob: str, scales_K: torch.Tensor | None) -> No
 
 @torch.no_grad()
 def fold_A_scales(model: nn.Module) -> bool:
-    """Move each layer's A scale into its A_log (A_log + log s gives A x s exactly); True if the model has A_log."""
+    """Move each layer's A scale into its A_log (log_rate: A_log + log s gives A x s exactly); True if the model
+    has one."""
     if "A_log" not in knobs(model):
         return False
     for mixer in mixers(model):
         if mixer.A_scale is not None:
-            mixer.A_log.add_(torch.log(mixer.A_scale.detach().to(mixer.A_log)))
+            rate = log_rate(mixer)
+            rate.add_(torch.log(mixer.A_scale.detach().to(rate)))
             mixer.A_scale = None
     return True
 
@@ -180,5 +193,5 @@ def prepare_to_write(model: nn.Module) -> None:
         fold_A_scales(model)
 
 
-__all__ = ["DT_OFF", "KNOBS", "SCALED", "fold_A_scales", "kernel_dt", "knobs", "mixers", "prepare_to_write", "scaled",
-           "select_tokens", "set_scales", "set_token_filter", "softplus_inverse"]
+__all__ = ["DT_OFF", "KNOBS", "SCALED", "fold_A_scales", "kernel_dt", "knobs", "log_rate", "mixers",
+           "prepare_to_write", "scaled", "select_tokens", "set_scales", "set_token_filter", "softplus_inverse"]

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from recurlen.models.timescales import prepare_to_write
 from recurlen.util.errors import UserError, load_error
 
 
@@ -44,6 +45,7 @@ class WeightsFileFormat:
             raise ValueError(f"recurlen does not write {self.description}")
         from recurlen.util.atomic_files import save_torch
 
+        prepare_to_write(model)  # a fix's scale is folded into the weights or refused, never dropped
         save_torch({k: v.detach().cpu().clone() for k, v in self.write(model).items()}, Path(path))
         return Path(path)
 

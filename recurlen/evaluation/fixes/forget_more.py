@@ -7,7 +7,8 @@ has for that is different: global multipliers, one number for every layer, of dt
 A (set_dt_mult, set_da_mult, set_b_mult, set_a_mult in its Mamba-2 analysis model), applied by recurlen's fix
 `stuffed_mamba`. recurlen's cap: every state entry whose memory at zero input, 1 / (dt(0) |A|) tokens, is longer than
 `memory` x T (T the training context) gets its A scaled so that it is exactly that; faster entries are untouched. The
-change is folded into A_log, so checkpoints and exports keep it. `memory` is chosen from a grid by the calibration
+change is folded into A_log (the mixer's log-rate parameter, recurlen.models.timescales.log_rate: RWKV-6's
+time_decay), so checkpoints and exports keep it. `memory` is chosen from a grid by the calibration
 loss on held-out sequences of the target length (one number calibrated), or given.
 """
 
@@ -21,7 +22,7 @@ import torch
 
 from recurlen.evaluation.fixes.base import CalibrationData, Fix, FixRecord, calibration_data
 from recurlen.evaluation.fixes.calibration import calibration_loss
-from recurlen.models.timescales import mixers
+from recurlen.models.timescales import log_rate, mixers
 
 
 @dataclass
@@ -44,8 +45,9 @@ class ForgetMoreConfig(CalibrationData):
 
 
 def entry_rates(mixer: torch.nn.Module) -> torch.Tensor:
-    """Each A_log entry's decay rate per token at zero input (decay_rates() is A_log's shape, then shared dims)."""
-    return mixer.decay_rates().reshape(*mixer.A_log.shape, -1)[..., 0].float()
+    """Each A_log entry's decay rate per token at zero input (decay_rates() is the log-rate parameter's shape, then
+    the dims its entries share)."""
+    return mixer.decay_rates().reshape(*log_rate(mixer).shape, -1)[..., 0].float()
 
 
 @torch.no_grad()
@@ -53,9 +55,10 @@ def cap_memory(model: torch.nn.Module, originals: list[torch.Tensor], memory_tok
     """A_log from `originals`, with every entry slower than 1 / memory_tokens sped up to it; entries changed."""
     changed = 0
     for mixer, a_log in zip(mixers(model), originals):
-        mixer.A_log.copy_(a_log)
+        rate = log_rate(mixer)
+        rate.copy_(a_log)
         factor = (1.0 / memory_tokens / entry_rates(mixer).clamp_min(1e-30)).clamp_min(1.0)
-        mixer.A_log.add_(torch.log(factor).to(mixer.A_log))
+        rate.add_(torch.log(factor).to(rate))
         changed += int((factor > 1.0).sum())
     return changed
 
@@ -70,7 +73,7 @@ class ForgetMore(Fix):
     def apply(self, model: torch.nn.Module, cfg: ForgetMoreConfig, *, calibration: torch.Tensor | None,
               train_len: int) -> FixRecord:
         self.check_model(model)
-        originals = [m.A_log.detach().clone() for m in mixers(model)]
+        originals = [log_rate(m).detach().clone() for m in mixers(model)]
         record, memory = None, cfg.memory
         if memory is None:
             started = time.perf_counter()

@@ -147,18 +147,20 @@ def test_scaled_models_step_as_they_run_a_sequence(nano_model, arch, step_by_ste
 
 def test_a_fix_applies_to_the_architectures_the_registry_says_and_refuses_others_by_name(nano_model):
     models = {name: nano_model(name) for name in registry.architectures()}
+    refusals = 0  # a fix may apply to every architecture (a_scale does): the refusals are counted over all fixes
     for name, fix in FIXES.items():
         assert registry.DEFAULT in fix.architectures()
-        assert len(fix.architectures()) < len(models), f"{name} refuses no architecture: the test below is vacuous"
         for arch_name, entry in registry.architectures().items():
             if set(fix.needs) <= set(timescales.knobs(entry.model_cls)):
                 assert arch_name in fix.architectures()
                 fix.check_model(models[arch_name])
             else:
+                refusals += 1
                 assert arch_name not in fix.architectures()
                 with pytest.raises(UserError, match=rf"fix {name} does not apply to {re.escape(entry.title)} "
                                                     rf"\({arch_name}\): it scales {'/'.join(fix.needs)} of each"):
                     get(name).apply(models[arch_name], fix.make_config({}), calibration=None, train_len=T)
+    assert refusals, "no fix refuses any architecture: the refusal above is untested"
 
 
 def test_settings_are_typed_and_checked_in_one_line():
