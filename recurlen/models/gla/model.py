@@ -39,6 +39,7 @@ from recurlen.models.gla.kernels import KERNELS
 from recurlen.models.gla.scan import gla_chunked, gla_step
 from recurlen.models.gla.state import GLAState
 from recurlen.models.layers import RMSNorm, up
+from recurlen.models.timescales import scaled
 
 
 class GatedLinearAttention(nn.Module):
@@ -63,6 +64,9 @@ class GatedLinearAttention(nn.Module):
             self.g_norm_swish_gate = norm
         else:
             self.g_norm = norm
+        # A scale of each token's log forget gate per layer, set by training-free fixes (recurlen.models.timescales);
+        # None: as trained.
+        self.A_scale: torch.Tensor | None = None
 
     @property
     def out_norm(self) -> RMSNorm:
@@ -92,7 +96,11 @@ class GatedLinearAttention(nn.Module):
         log_forget = F.logsigmoid(up(gk)) / cfg.gate_logit_normalizer
         if cfg.clamp_min is not None:
             log_forget = log_forget.clamp(min=cfg.clamp_min)
-        return q, k, v, log_forget
+        # The scale comes after the clamp: the scan then receives exactly s times the log decay the model forms,
+        # every channel alike, those at the clamp too (the slow demo base clamps every gate at -0.01, so a scale
+        # before the clamp could never shorten its memories below 100 tokens). No parameter holds the scale, so
+        # nothing ties it to the clamp's other side; at s = 1 the product is the decay itself, bit for bit.
+        return q, k, v, scaled(log_forget, self.A_scale)
 
     def _output(self, o, x):
         """Per-head RMSNorm of the output, then the swish output gate, then o_proj."""
@@ -138,6 +146,9 @@ class GLALM(FlaLM):
     kernels = KERNELS
     official = GLA_FORMAT
     supports_resets = True
+    # GLA: A only; its decay is logsigmoid(gk_proj(x)) / normalizer, no parameter to fold a scale into (no A_log), and
+    # no dt that also scales the input (recurlen.models.timescales).
+    TIMESCALES = ("A",)
 
     @staticmethod
     def make_blocks(config: GLAConfig) -> list[nn.Module]:
