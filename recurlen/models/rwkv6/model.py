@@ -45,6 +45,7 @@ from recurlen.models.rwkv6.config import RWKV6Config
 from recurlen.models.rwkv6.kernels import KERNELS
 from recurlen.models.rwkv6.scan import wkv6_chunked, wkv6_step
 from recurlen.models.rwkv6.state import RWKV6State
+from recurlen.models.timescales import scaled
 
 
 def shift_delta(x_BLD: torch.Tensor, last_BD: torch.Tensor, resets_BL: torch.Tensor | None = None) -> torch.Tensor:
@@ -108,6 +109,11 @@ class GroupNorm(nn.Module):
 class RWKV6Attention(nn.Module):
     """The time mix: data-dependent token shift, WKV recurrence with per-channel decay and bonus, gated output."""
 
+    LOG_RATE = "w_proj.linear.lora.2.bias"
+    """time_decay (BlinkDL's name), the parameter in log space of each key channel's decay rate: the log decay is
+    -exp(time_decay + lora(x)), so adding log s to it scales the log decay by s for every input
+    (recurlen.models.timescales folds A scales into it, forget_more caps memories through it)."""
+
     def __init__(self, cfg: RWKV6Config) -> None:
         super().__init__()
         self.cfg = cfg
@@ -122,6 +128,20 @@ class RWKV6Attention(nn.Module):
         self.bonus = nn.Parameter(torch.zeros(cfg.num_heads, cfg.head_dim))
         self.g_norm = GroupNorm(cfg.num_heads, cfg.value_dim, cfg.group_norm_eps)
         self.o_proj = nn.Linear(cfg.value_dim, d, bias=False)
+        # A scale of each token's log decay per layer, set by training-free fixes (recurlen.models.timescales);
+        # None: as trained.
+        self.A_scale: torch.Tensor | None = None
+
+    @property
+    def time_decay(self) -> nn.Parameter:
+        return self.get_parameter(self.LOG_RATE)
+
+    def decay_rates(self) -> torch.Tensor:
+        """(H, K, V): each state entry's decay rate per token at zero input, exp(time_decay) x the scale of its key
+        channel (the lora adds nothing at zero input; every entry of a key row decays alike)."""
+        cfg = self.cfg
+        rate_HK = scaled(torch.exp(up(self.time_decay)), self.A_scale).view(cfg.num_heads, cfg.head_dim)
+        return rate_HK[..., None].expand(cfg.num_heads, cfg.head_dim, cfg.head_v_dim)
 
     def _project(self, x_BLD: torch.Tensor, delta_BLD: torch.Tensor):
         """r, log decay, k, v per head and the output gate's input g."""
@@ -136,8 +156,9 @@ class RWKV6Attention(nn.Module):
         v = self.v_proj(x_BLD, mu_v, delta_BLD)
         g = self.g_proj(x_BLD, mu_g, delta_BLD)
         heads = (cfg.num_heads, cfg.head_dim)
-        # w_t = exp(-exp(w)) in (0, 1): kept as its log, -exp(w), in float32 for the cumulative sums.
-        log_decay = -torch.exp(up(w))
+        # w_t = exp(-exp(w)) in (0, 1): kept as its log, -exp(w), in float32 for the cumulative sums; a fix's scale
+        # multiplies it (the same as adding log s to time_decay, which fold_A_scales does).
+        log_decay = scaled(-torch.exp(up(w)), self.A_scale)
         return (r.unflatten(-1, heads), log_decay.unflatten(-1, heads), k.unflatten(-1, heads),
                 v.unflatten(-1, (cfg.num_heads, cfg.head_v_dim)), g)
 
@@ -218,6 +239,9 @@ class RWKV6LM(FlaLM):
     official = RWKV6_FORMAT
     weights_file = BLINKDL_FILE
     supports_resets = True
+    # RWKV-6: A and A_log; its log decay is -exp(time_decay + lora(x)), so a scale folds exactly into time_decay (the
+    # mixer's LOG_RATE); no dt that also scales the input (recurlen.models.timescales).
+    TIMESCALES = ("A", "A_log")
 
     @staticmethod
     def make_blocks(config: RWKV6Config) -> list[nn.Module]:
