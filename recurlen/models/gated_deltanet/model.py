@@ -40,6 +40,7 @@ from recurlen.models.gated_deltanet.kernels import KERNELS
 from recurlen.models.gated_deltanet.scan import gated_delta_chunked, gated_delta_step
 from recurlen.models.gated_deltanet.state import GatedDeltaNetState
 from recurlen.models.layers import RMSNorm, sample_dt_bias, up
+from recurlen.models.timescales import scaled
 
 L2_EPS = 1e-6
 """fla's l2norm: x / sqrt(sum x^2 + eps)."""
@@ -69,6 +70,9 @@ class GatedDeltaNet(nn.Module):
             self.g_proj = nn.Linear(d, cfg.value_dim, bias=False)
         self.o_norm = RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps)
         self.o_proj = nn.Linear(cfg.value_dim, d, bias=False)
+        # A scale of each token's log decay per layer, set by training-free fixes (recurlen.models.timescales);
+        # None: as trained.
+        self.A_scale: torch.Tensor | None = None
 
     @torch.no_grad()
     def reset_decays(self) -> None:
@@ -99,11 +103,26 @@ class GatedDeltaNet(nn.Module):
         q, k = (t.unflatten(-1, (cfg.num_heads, cfg.head_dim)) for t in (q, k))
         return q, k, v.unflatten(-1, (cfg.num_v_heads, cfg.head_v_dim))
 
+    def _log_decay(self, a: torch.Tensor) -> torch.Tensor:
+        """g = -exp(A_log) softplus(a + dt_bias), times the scale, then the config's clamp (float32).
+
+        The scale comes before the clamp, where A_log + log s puts it: so the loaded model with its scale, the kernel
+        path (which is given A_log + log s) and the model with the scale folded into A_log (fold_A_scales, what a
+        written model keeps; forget_more changes A_log alike) are one model. The clamp stays the configured model's
+        bound: on a clamped model a scale s > 1 cannot shorten a memory past it."""
+        g = scaled(-torch.exp(up(self.A_log)), self.A_scale) * F.softplus(up(a) + up(self.dt_bias))
+        return g if self.cfg.clamp_min is None else g.clamp(min=self.cfg.clamp_min)
+
+    def decay_rates(self) -> torch.Tensor:
+        """(Hv, K, V): each state entry's decay rate per token at zero input, -g(0) of its value head (every entry of
+        a head decays alike)."""
+        cfg = self.cfg
+        rate_H = -self._log_decay(torch.zeros_like(self.dt_bias))
+        return rate_H[:, None, None].expand(cfg.num_v_heads, cfg.head_dim, cfg.head_v_dim)
+
     def _gates(self, x: torch.Tensor):
         """The log decay g (<= 0) and beta per value head, float32."""
-        g = -torch.exp(up(self.A_log)) * F.softplus(up(self.a_proj(x)) + up(self.dt_bias))
-        if self.cfg.clamp_min is not None:
-            g = g.clamp(min=self.cfg.clamp_min)
+        g = self._log_decay(self.a_proj(x))
         beta = torch.sigmoid(up(self.b_proj(x)))
         return g, 2 * beta if self.cfg.allow_neg_eigval else beta
 
@@ -131,8 +150,11 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self._heads(q, k, v)
         scale = cfg.head_dim**-0.5
         if use_kernels:
+            # The kernel forms g from A_log itself: a scale s reaches it as A_log + log s, exactly where _log_decay
+            # puts it (before the clamp), in float32 (a bfloat16 A_log would round a small log s away).
+            A_log = self.A_log if self.A_scale is None else up(self.A_log) + torch.log(self.A_scale.to(up(self.A_log)))
             o, kv_BHKV = kernels.chunk_gated_delta_rule(
-                q, k, v, self.a_proj(x_BLD), self.b_proj(x_BLD), A_log=self.A_log, dt_bias=self.dt_bias,
+                q, k, v, self.a_proj(x_BLD), self.b_proj(x_BLD), A_log=A_log, dt_bias=self.dt_bias,
                 scale=scale, allow_neg_eigval=cfg.allow_neg_eigval, initial_state_BHKV=kv_BHKV, resets_BL=resets,
                 clamp_min=cfg.clamp_min)
         else:
@@ -167,6 +189,10 @@ class GatedDeltaNetLM(FlaLM):
     kernels = KERNELS
     official = GATED_DELTANET_FORMAT
     supports_resets = True
+    # Gated DeltaNet: A and A_log; g = -exp(A_log) softplus(a_proj(x) + dt_bias), so a scale folds exactly into A_log.
+    # Its dt multiplies the decay alone (no input term), so a dt scale would be an A scale: no "dt"
+    # (recurlen.models.timescales).
+    TIMESCALES = ("A", "A_log")
 
     @staticmethod
     def make_blocks(config: GatedDeltaNetConfig) -> list[nn.Module]:
