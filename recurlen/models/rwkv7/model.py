@@ -48,7 +48,7 @@ from recurlen.models.rwkv7 import kernels
 from recurlen.models.rwkv7.checkpoint import BLINKDL_FILE, RWKV7_FORMAT
 from recurlen.models.rwkv7.config import RWKV7Config
 from recurlen.models.rwkv7.kernels import KERNELS
-from recurlen.models.rwkv7.scan import LOG_DECAY_FLOOR, wkv7_chunked, wkv7_step
+from recurlen.models.rwkv7.scan import LOG_DECAY_FLOOR, SCALED_LOG_DECAY_MIN, chunk_for, wkv7_chunked, wkv7_step
 from recurlen.models.rwkv7.state import RWKV7State
 
 
@@ -103,6 +103,16 @@ class RWKV7Attention(nn.Module):
         self.a_lora = LoRA(d, d, cfg.a_low_rank_dim, nn.Identity())
         self.g_lora = LoRA(d, d, cfg.gate_low_rank_dim, nn.Sigmoid(), bias=False)
         self.g_norm = nn.GroupNorm(cfg.num_heads, d, eps=cfg.group_norm_eps)
+        # A scale of each token's log decay per layer, set by training-free fixes (recurlen.models.timescales);
+        # None: as trained.
+        self.A_scale: torch.Tensor | None = None
+
+    def _log_decay_floor(self) -> float:
+        """The smallest log decay per token the scan may receive: RWKV-7's floor, times the scale where a fix
+        scales the decay by more than 1 (down to SCALED_LOG_DECAY_MIN)."""
+        if self.A_scale is None or not float(self.A_scale.detach()) > 1.0:
+            return LOG_DECAY_FLOOR
+        return max(LOG_DECAY_FLOOR * float(self.A_scale.detach()), SCALED_LOG_DECAY_MIN)
 
     def _project(self, x_BLD: torch.Tensor, delta_BLD: torch.Tensor, v_first: torch.Tensor | None):
         """Per head: r, log decay, k, v, the rank-one vectors a = -kappa and b = kappa alpha; the gate; v_first."""
@@ -114,6 +124,13 @@ class RWKV7Attention(nn.Module):
         log_w = LOG_DECAY_FLOOR * torch.sigmoid(up(self.w_lora(xw)))  # float32: exponentiated and summed
         if cfg.log_decay_min is not None:  # the model organism's clamp (config.log_decay_min): no gradient below it
             log_w = log_w.clamp(min=cfg.log_decay_min)
+        if self.A_scale is not None:
+            # After the clamp: the scan receives s times the log decay the model forms, every channel alike, those
+            # at the clamp too (the slow demo base clamps every channel at -1e-4: a scale before the clamp could
+            # shorten no memory below 10^4 tokens). The decay is no parameter, so nothing ties the scale to the
+            # clamp's other side; x 1 is the decay itself, and the stop at SCALED_LOG_DECAY_MIN changes nothing a
+            # float holds.
+            log_w = (log_w * self.A_scale).clamp(min=SCALED_LOG_DECAY_MIN)
         k = self.k_proj(xk)
         v = self.v_proj(xv)
         if self.layer_idx == 0:
@@ -137,11 +154,15 @@ class RWKV7Attention(nn.Module):
     def forward(self, x_BLD: torch.Tensor, wkv_BHNN: torch.Tensor, shift_BD: torch.Tensor,
                 v_first: torch.Tensor | None, *, use_kernels: bool, resets: torch.Tensor | None = None):
         r, log_w, k, v, a, b, gate, v_first = self._project(x_BLD, shift_delta(x_BLD, shift_BD, resets), v_first)
-        if use_kernels:
-            o, wkv_BHNN = kernels.chunk_rwkv7(r, log_w, k, v, a, b, initial_state_BHKV=wkv_BHNN, resets_BL=resets)
-        else:
-            o, wkv_BHNN = wkv7_chunked(r, log_w, k, v, a, b, chunk_size=self.cfg.chunk_size,
-                                       initial_state_BHKV=wkv_BHNN, resets_BL=resets)
+        floor = self._log_decay_floor()  # a decay scaled above RWKV-7's floor needs shorter chunks (scan, kernels)
+        kernel_chunk = kernels.kernel_chunk(floor) if use_kernels else None
+        if kernel_chunk is not None:
+            o, wkv_BHNN = kernels.chunk_rwkv7(r, log_w, k, v, a, b, initial_state_BHKV=wkv_BHNN, resets_BL=resets,
+                                              lower_bound=floor, chunk_size=kernel_chunk)
+        else:  # the CPU path, and the kernel backend's where no chunk of fla's fits a decay scaled by ~16 or more
+            chunk = self.cfg.chunk_size if floor == LOG_DECAY_FLOOR else chunk_for(self.cfg.chunk_size, floor)
+            o, wkv_BHNN = wkv7_chunked(r, log_w, k, v, a, b, chunk_size=chunk, initial_state_BHKV=wkv_BHNN,
+                                       resets_BL=resets)
         return self._output(o, r, k, v, gate), wkv_BHNN, x_BLD[:, -1], v_first
 
     def step(self, x_BD: torch.Tensor, wkv_BHNN: torch.Tensor, shift_BD: torch.Tensor, v_first: torch.Tensor | None):
@@ -212,6 +233,9 @@ class RWKV7LM(FlaLM):
     official = RWKV7_FORMAT
     weights_file = BLINKDL_FILE
     supports_resets = True
+    # RWKV-7: A only; its log decay is -exp(-1/2) sigmoid(w_lora(x)), no parameter to fold a scale into (w0 sits
+    # inside the sigmoid), and no dt that also scales the input (recurlen.models.timescales).
+    TIMESCALES = ("A",)
 
     @staticmethod
     def make_blocks(config: RWKV7Config) -> list[nn.Module]:

@@ -24,8 +24,10 @@ side folded into its own vector. RWKV-7's decay is bounded, g = -exp(-1/2) sigmo
 chunk of l positions every exponent lies within +-0.607 (l/2 + 1): at most e^+-20.1 for l = 64, far inside
 float32's range (e^+-88), and each factor keeps its relative precision, so the products are as exact as the
 per-pair exponentials (which would cost an (l x l x K) tensor per chunk; RWKV-6's decays are unbounded and need
-them). The config caps chunk_size at 64 (recurlen.models.rwkv7.config.MAX_CHUNK). The terms that touch S_0 and
-the state carried to the next chunk use exp(c_t), exp(e_t), exp(c_last - c_s) <= 1 directly.
+them). The config caps chunk_size at 64 (recurlen.models.rwkv7.config.MAX_CHUNK). A fix that scales the decay by
+s > 1 (recurlen.models.timescales) moves the floor to s x -exp(-1/2): `chunk_for` then shortens the chunk so that the
+exponents keep that range. The terms that touch S_0 and the state carried to the next chunk use exp(c_t), exp(e_t),
+exp(c_last - c_s) <= 1 directly.
 
 Legend: B batch, L length, H heads, K head key dim, V head value dim, c chunks, l chunk positions.
 """
@@ -40,6 +42,20 @@ from recurlen.models.resets import chunk_counts, same_document
 
 LOG_DECAY_FLOOR = -0.6065306597126334
 """RWKV-7's smallest log decay per token, -exp(-1/2) (BlinkDL: w = exp(-0.606531 sigmoid(.)))."""
+SCALED_LOG_DECAY_MIN = -60.0
+"""Where a decay scaled by a fix stops (recurlen.models.timescales): a token then keeps e^-60 < 1e-26 of the state,
+beneath even float64's resolution, so the stop changes nothing a float holds, and one position's factor e^60 stays
+finite in float32 (e^88), however large the scale."""
+PAIR_EXPONENT = -LOG_DECAY_FLOOR * (64 // 2 + 1)
+"""The largest exponent of a pair factor at RWKV-7's own floor in chunks of 64 (20.0): what `chunk_for` keeps."""
+
+
+def chunk_for(chunk_size: int, floor: float) -> int:
+    """The longest chunk, at most chunk_size, whose pair factors stay within e^+-PAIR_EXPONENT for log decays >= floor
+    (every exponent is at most |floor| (l // 2 + 1)); 1 where even one position's exceed it (a token's exponent is then
+    |floor| itself, finite while |floor| < 88)."""
+    half = int(PAIR_EXPONENT / -floor) - 1  # the largest l // 2 allowed
+    return max(1, min(chunk_size, 2 * half + 1))
 
 
 def wkv7_chunked(
@@ -54,7 +70,8 @@ def wkv7_chunked(
     initial_state_BHKV: torch.Tensor | None = None,
     resets_BL: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked WKV-7; g are log decays in [LOG_DECAY_FLOOR, 0]. Returns o (B, L, H, V) and the final state
+    """Chunked WKV-7; g are log decays in [LOG_DECAY_FLOOR, 0] (or in [floor, 0] with a chunk_size no longer than
+    chunk_for(., floor)). Returns o (B, L, H, V) and the final state
     (B, H, K, V). With `resets_BL` (True where a document starts) S is zero before each flagged position: the reads
     u, the outputs and the state at a chunk's end meet only their own document's writes, and S_0 only up to the
     chunk's first flag (recurlen.models.resets)."""
@@ -125,4 +142,4 @@ def wkv7_step(r_BHK: torch.Tensor, g_BHK: torch.Tensor, k_BHK: torch.Tensor, v_B
     return (r.unsqueeze(-2) @ state).squeeze(-2), state
 
 
-__all__ = ["LOG_DECAY_FLOOR", "wkv7_chunked", "wkv7_step"]
+__all__ = ["LOG_DECAY_FLOOR", "PAIR_EXPONENT", "SCALED_LOG_DECAY_MIN", "chunk_for", "wkv7_chunked", "wkv7_step"]
