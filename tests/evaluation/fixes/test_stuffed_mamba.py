@@ -14,7 +14,7 @@ from recurlen.evaluation.fixes import get
 from recurlen.evaluation.fixes.calibration import calibration_loss
 from recurlen.evaluation.fixes.stuffed_mamba import state_norms_at
 from recurlen.evaluation.runner import EvalConfig, run_eval
-from recurlen.models import timescales
+from recurlen.models import registry, timescales
 from recurlen.util.errors import UserError
 from tests.evaluation.fixes.test_fixes import T, calibration, slow_model  # noqa: F401 (fixtures)
 
@@ -129,7 +129,8 @@ def test_a_grid_that_does_not_help_keeps_the_given_value(slow_model, calibration
     assert all(m.B_scale is None for m in timescales.mixers(model))
 
 
-@pytest.mark.parametrize("arch", ["mamba1", "gla"])
+@pytest.mark.parametrize("arch", [a for a, spec in registry.architectures().items()
+                                  if not get("stuffed_mamba").applies_to(spec)])
 def test_other_architectures_are_refused_by_name(nano_model, arch):
     with pytest.raises(UserError, match=rf"^fix stuffed_mamba does not apply to .* \({arch}\): it scales "
                                         r"dt/A/B/decay/state_norm of each layer, which only \[.*'mamba2'.*\] offer$"):
