@@ -37,9 +37,12 @@ TABLE_FIXES: tuple[tuple[str, str, dict], ...] = (
     ("a_scale", "a_scale", {"steps": 30}),
     ("a_scale_bp", "a_scale", {"method": "backprop", "steps": 30, "lr": 0.3}),
     ("forget_more", "forget_more", {}),
+    ("stuffed_mamba", "stuffed_mamba", {"search": "da_mult"}),
+    ("stuffed_mamba_norm", "stuffed_mamba", {"search": "state_norm"}),
 )
 """Each fix at the budgets docs/evaluation.md compares on the Mamba-2 demo (SPSA 30 steps; backprop at lr 0.3, the
-one that held there): key, fix name, settings. A registered fix missing here is run at its defaults."""
+one that held there), Stuffed Mamba's decay multiplier and its state-norm cap each chosen from its grid: key, fix
+name, settings. A registered fix missing here is run at its defaults."""
 OUT = "fixes-table"
 
 

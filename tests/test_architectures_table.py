@@ -179,17 +179,25 @@ def test_the_verdict_reads_intervals_and_counts_seeds(tmp_path):
                        "within 8% in context 3/3)"), verdict
 
 
-def docs_section() -> tuple[list[str], list[str]]:
-    """(the command's arguments, the table's lines) of docs/demo.md's section."""
+def docs_tables() -> list[tuple[list[str], list[str]]]:
+    """Each command of docs/demo.md's section with the table lines that follow it (up to the next command)."""
     text = (ROOT / "docs" / "demo.md").read_text()
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    command = re.search(r"^\.venv/bin/python scripts/architectures_table\.py(.*)$", section, flags=re.M)
-    assert command, "the section names no command that prints its table"
-    return shlex.split(command.group(1)), [line for line in section.splitlines() if line.startswith("|")]
+    pattern = r"^\.venv/bin/python scripts/architectures_table\.py(.*)$"
+    parts = re.split(pattern, section, flags=re.M)
+    assert len(parts) > 1, "the section names no command that prints its table"
+    return [(shlex.split(args), [line for line in body.splitlines() if line.startswith("|")])
+            for args, body in zip(parts[1::2], parts[2::2])]
 
 
-def test_the_docs_table_is_what_the_script_prints(capsys, monkeypatch):
-    args, documented = docs_section()
+def docs_section() -> tuple[list[str], list[str]]:
+    """(the command's arguments, the table's lines) of docs/demo.md's section: its first table."""
+    return docs_tables()[0]
+
+
+@pytest.mark.parametrize("index", range(len(docs_tables())))
+def test_the_docs_table_is_what_the_script_prints(capsys, monkeypatch, index):
+    args, documented = docs_tables()[index]
     monkeypatch.chdir(ROOT)
     assert architectures_table.main(args) == 0
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
