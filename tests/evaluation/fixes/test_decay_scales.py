@@ -172,3 +172,25 @@ def test_a_deep_copy_keeps_a_scale_and_the_fixes_see_every_fla_mixer(nano_model)
         assert all(m is block.attn for m, block in zip(layers, model.model.layers))
         timescales.set_scales(model, "A", torch.tensor([0.5, 2.0]))
         assert [float(m.A_scale) for m in timescales.mixers(copy.deepcopy(model))] == [0.5, 2.0]
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("arch", DECAY_ONLY)
+def test_a_neutral_decay_fix_scores_exactly_like_its_base_in_the_evaluation(nano_model, tmp_path, arch, padded):
+    """Through `recurlen eval` (its scoring, its padded head or not): a_scale with 0 calibration steps (scales 1) and
+    forget_more with a cap no entry reaches leave every bin and every sequence's score as the base's, to the bit."""
+    from recurlen.evaluation.runner import EvalConfig, run_eval
+
+    nano_model(arch).save_pretrained(str(tmp_path / "base"))
+    fixes = ["a_scale"] + (["forget_more"] if "A_log" in timescales.knobs(registry.get(arch).model_cls) else [])
+    cfg = EvalConfig(checkpoints=[f"base={tmp_path / 'base'}"], output_dir=str(tmp_path / "eval"), train_len=16,
+                     seq_len=128, num_sequences=2, chunk_len=64, batch_size=2, log_bins=0,
+                     tasks=["positionwise", "reset"], device="cpu", progress=False, padded_vocab=padded, fixes=fixes,
+                     fix={"a_scale": {"steps": 0, "sequences": 1}, **({"forget_more": {"memory": 1e12}}
+                                                                      if "forget_more" in fixes else {})})
+    seqs = torch.randint(0, 200, (3, 128), generator=torch.Generator().manual_seed(7))
+    base, *fixed = run_eval(cfg, seqs)["runs"]
+    assert [f["label"] for f in fixed] == [f"base+{name}" for name in fixes]
+    for entry in fixed:
+        for key in ("bins", "per_sequence"):
+            assert entry["positionwise"][key] == base["positionwise"][key], (entry["label"], key)
