@@ -74,8 +74,14 @@ def load_arbiter_config(args: list[str]) -> ArbiterConfig:
 
     check_dotlist(args, ArbiterConfig, what="arbiter setting")
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(ArbiterConfig), OmegaConf.load(experiments_dir() / "arbiter.yaml"),
-                              OmegaConf.from_dotlist(args))
+        given = OmegaConf.from_dotlist(args)
+        experiment = OmegaConf.load(experiments_dir() / "arbiter.yaml")
+        if "fixes" in given and "fix" in experiment:
+            # The experiment's settings are for its own fixes: a command line that names other fixes drops those it
+            # leaves out (its own fix.KEY.* settings are still checked against its fixes).
+            keys = {str(f).split("=", 1)[0] for f in given.fixes}
+            experiment.fix = {k: v for k, v in experiment.fix.items() if k in keys}
+        cfg = OmegaConf.merge(OmegaConf.structured(ArbiterConfig), experiment, given)
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise ValueError(f"bad arbiter config: {str(err).splitlines()[0]} ({getattr(err, 'full_key', '')})") from err

@@ -91,3 +91,13 @@ def test_toy_arbiter_keeps_what_its_verdicts_rest_on(tmp_path):
     assert rerun["verdicts"] == results["verdicts"]
     assert rerun["stages"]["base"]["reused"] and rerun["stages"]["post"]["reused"]
     assert "base" in (root / "report.md").read_text().split("\n")[2] and "(done before: reused)" in again.stdout
+
+
+def test_the_experiments_fix_settings_give_way_to_a_command_lines_fixes():
+    """experiments/arbiter.yaml sets its own fixes' settings (stuffed_mamba's search): a command line naming other
+    fixes drops them, while settings it gives itself for a fix it does not name are still refused."""
+    assert "stuffed_mamba" in load_arbiter_config([]).fix
+    cfg = load_arbiter_config(["fixes=[forget_more]"])
+    assert cfg.fixes == ["forget_more"] and "stuffed_mamba" not in cfg.fix
+    with pytest.raises(ValueError, match=r"settings for fixes \['stuffed_mamba'\] that are not in fixes"):
+        load_arbiter_config(["fixes=[forget_more]", "fix.stuffed_mamba.search=da_mult"])
