@@ -4,7 +4,12 @@ where the base retrieves, each cost in its own units, and the fixes that do not 
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from recurlen.evaluation.fixes.field import NOT_JUDGED, arbiter_rows, demo_rows, markdown, refused_rows
 from tests.evaluation.arbiter.test_verdict_table import entry
@@ -61,3 +66,27 @@ def test_refused_fixes_are_rows_with_the_reason_and_the_table_has_one_header():
     assert rows[0].loss == "does not apply" and "needs the dt knob" in rows[0].cost
     lines = markdown(rows)
     assert lines[0].startswith("| base | model | loss verdict") and len(lines) == 3
+
+
+def test_the_docs_table_is_what_make_fixes_table_prints(monkeypatch, capsys):
+    """docs/evaluation.md's table, where the demos' and the arbiter's runs it was printed from are here (CI has none:
+    skipped); an evaluation the command would have to run means they are not."""
+    root = Path(__file__).resolve().parents[3]
+    sys.path.insert(0, str(root / "scripts"))
+    import fixes_table
+
+    def reuse_only(words, out, *, rerun):
+        inputs = out / "table_inputs.json"
+        if not (out / "results.json").is_file() or not inputs.is_file() or json.loads(inputs.read_text()) != words:
+            pytest.skip(f"{out} is not here as the docs' table was printed from (CI has no runs/)")
+
+    monkeypatch.setattr(fixes_table, "evaluate", reuse_only)
+    monkeypatch.chdir(root)
+    if not (root / "runs" / "arbiter" / "results.json").is_file():
+        pytest.skip("runs/arbiter is not here (CI has no runs/)")
+    assert fixes_table.main([]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    text = (root / "docs" / "evaluation.md").read_text()
+    section = text.split("### Every fix on every base", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    documented = [line for line in section.splitlines() if line.startswith("|")]
+    assert printed == documented
