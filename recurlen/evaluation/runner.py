@@ -104,7 +104,7 @@ class EvalConfig:
     fixes: list[str] = field(default_factory=list)
     """Training-free fixes evaluated beside the runs, each on a fresh copy of the run fix_base names: NAME, or
     KEY=NAME to have one fix twice with other settings (fix.KEY.*), NAME any of recurlen.evaluation.fixes.FIXES
-    (mambaextend, a_scale, forget_more, stuffed_mamba, longmamba); labelled BASE+KEY (the KEY of a bare NAME is NAME)."""
+    (mambaextend, a_scale, forget_more, stuffed_mamba, longmamba); labelled BASE+KEY (a bare NAME's KEY is NAME)."""
     fix_base: str | None = None
     """Label of the run the fixes are applied to. None: the first checkpoint."""
     fix: dict[str, Any] = field(default_factory=dict)
