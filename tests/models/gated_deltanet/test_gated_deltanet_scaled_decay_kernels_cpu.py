@@ -1,0 +1,67 @@
+"""Gated DeltaNet's A knob (recurlen.models.timescales) on the kernel path: fla's real chunk_gated_delta_rule under
+Triton's interpreter (make test-kernels), which forms the decay -exp(A_log) softplus(a + dt_bias) itself, is given
+A_log + log s, and its logits, final state and the gradient of the scales equal the PyTorch scan's with the same
+scale, for a scale that lengthens the memories (s < 1) and one that shortens them (s > 1); with the config's
+clamp_min too (binding at both scales here), where the glue forms the decay (the scale before the clamp) and hands
+the kernel its log. The gradient reaches the scales through A_log + log s (fla's dA_log) or through the formed decay.
+The shared check: tests/models/decay_scale_kernel_checks.py.
+
+Shapes are tiny (the interpreter runs every kernel program in numpy): hidden 64, 2 layers of 2 heads (key dim 16,
+value dim 32), one lane, a length that crosses fla's chunk boundary (64), so the scaled decay is carried from chunk
+to chunk.
+"""
+
+import pytest
+import torch
+
+from recurlen.models.gated_deltanet import GatedDeltaNetConfig, GatedDeltaNetLM, GatedDeltaNetState
+from tests.models.decay_scale_kernel_checks import check_scaled_kernel_equals_torch
+
+pytestmark = [pytest.mark.kernels]
+
+LENGTH = 77  # one full chunk of 64 and a partial one
+TOL = 1e-5  # tests/models/gated_deltanet/test_gated_deltanet_kernels_cpu.py's (logits, kv; gradients 1e-4)
+GRAD_TOL = 1e-4
+NANO = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16, intermediate_size=128, chunk_size=16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gated_delta_interpreter(triton_cpu):
+    """fla's chunk_gated_delta_rule imported afresh under the interpreter (the loader's cache cleared around it)."""
+    from recurlen.models.gated_deltanet import kernels
+
+    kernels._chunk_gated_delta_rule.cache_clear()
+    found, why = kernels._chunk_gated_delta_rule()
+    if found is None:
+        pytest.fail(f"fla's chunk_gated_delta_rule does not import ({why}); make test-kernels installs fla-core")
+    yield
+    kernels._chunk_gated_delta_rule.cache_clear()
+
+
+def make_model(**fields) -> GatedDeltaNetLM:
+    """tests/models/gated_deltanet/test_gated_deltanet_kernels_cpu.py's model: slow decays, projections larger than
+    the init."""
+    torch.manual_seed(0)
+    model = GatedDeltaNetLM(GatedDeltaNetConfig(**{**NANO, **fields}), backend="torch").eval()
+    with torch.no_grad():
+        for block in model.model.layers:
+            block.attn.A_log.uniform_(-4.0, -2.0)
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj", "b_proj", "g_proj"):
+                getattr(block.attn, name).weight.mul_(8.0)
+    return model
+
+
+@pytest.mark.parametrize("s", [0.5, 8.0])
+@pytest.mark.parametrize("fields", [{}, dict(clamp_min=-0.002)], ids=["default", "clamped"])
+def test_scaled_kernel_path_equals_the_scaled_torch_path(close_scaled, fields, s):
+    model = make_model(**fields)
+    ids = torch.randint(0, 257, (1, LENGTH), generator=torch.Generator().manual_seed(2))
+    zero = model.zero_state(1)
+    g = torch.Generator().manual_seed(1)
+    init = GatedDeltaNetState(torch.randn(zero.kv.shape, generator=g) * 0.3,
+                              torch.randn(zero.conv.shape, generator=g) * 0.5)
+    with torch.no_grad():
+        unscaled_logits, _ = model(ids, init, backend="kernel")
+    check_scaled_kernel_equals_torch(model, ids, init, s, close=close_scaled, recurrent="kv", tol=TOL,
+                                     grad_tol=GRAD_TOL, unscaled_logits=unscaled_logits,
+                                     what=f"Gated DeltaNet ({fields or 'default'})")
