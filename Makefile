@@ -87,8 +87,8 @@ install: $(STAMP) ## create .venv with CPU torch and recurlen[dev] (GPU: EXTRAS=
 demo: $(STAMP) ## the main job: failure past T and its fix on a CPU, report in runs/demo/report.md (QUICK=1: the short form, runs/demo-quick; ARCH=<architecture>: its tiny model's demo; SEEDS=N: N seeds, verdicts counted over them)
 	$(PY) -m recurlen demo $(if $(filter-out 0,$(QUICK)),quick=true) $(if $(ARCH),arch=$(ARCH)) $(if $(SEEDS),seeds=$(SEEDS)) $(ARGS)
 
-test: $(STAMP) ## run the default (CPU) test suite
-	$(PY) -m pytest -q
+test: $(STAMP) ## run the default (CPU) test suite, one test file per worker on up to 4 cores (pytest-xdist)
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 test-slow: $(STAMP) ## run the slow tests too
 	$(PY) -m pytest -q -m "not kernels and not rehearsal"
