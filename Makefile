@@ -97,7 +97,7 @@ test-rehearsal: $(STAMP) ## official 130m shape on CPU: load, bf16 post-training
 	$(PY) -m pytest -q -m rehearsal tests/test_rehearsal_130m.py
 
 test-kernels: $(KERNELS_STAMP) ## backend="kernel" == "torch" with mamba-ssm's and fla's real Triton kernels on CPU (interpreter; every tests/models/<arch>/test_*kernels_cpu.py and tests/models/test_*kernels_cpu.py)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -m kernels $(wildcard tests/models/*/test_*kernels_cpu.py tests/models/test_*kernels_cpu.py)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m kernels $(wildcard tests/models/*/test_*kernels_cpu.py tests/models/test_*kernels_cpu.py)
 
 test-gpu: $(STAMP) ## the GPU tests: kernels == torch backend, FSDP run (needs CUDA + recurlen[cuda])
 	$(PY) -m pytest -q -m gpu tests/models/mamba2/test_gpu_kernels.py tests/training/test_gpu_fsdp.py
