@@ -15,7 +15,7 @@ Their passkey model (`passkey-retrieval/mamba2/modeling_mamba2.py`) adds a per-h
 here `state_norm` caps each head's state after every token at state_norm x the norm that head's state reaches at the
 training length T (the mean over the calibration sequences, measured on the model with the multipliers set and no
 cap): h_t <- h_t min(1, cap / ||h_t||). The cap is not linear in the state, so those layers run a token-by-token
-scan (Mamba-2's ssd_capped), exact and split-invariant but far slower than the chunked scan (~8-13x on the CPU's tiny
+scan (Mamba-2's ssd_capped), exact and split-invariant but far slower than the chunked scan (~7-14x on the CPU's tiny
 models, one thread; docs/evaluation.md).
 
 What differs from their code: their da_mult is applied in the chunked forward only, not in their one-token step;
