@@ -150,4 +150,10 @@ def calibration_data(cfg: CalibrationData, calibration: torch.Tensor | None, *, 
     return calibration[:cfg.sequences, :length]
 
 
-__all__ = ["CalibrationConfig", "CalibrationData", "Fix", "FixRecord", "calibration_data"]
+def data_record(data: torch.Tensor, *, length: int | None = None) -> dict:
+    """A calibration record's `data` entry: how many held-out sequences of how many tokens, and which rows."""
+    return {"sequences": int(data.shape[0]), "length": int(data.shape[1] if length is None else length),
+            "rows": "the held-out sequences after the evaluation's"}
+
+
+__all__ = ["CalibrationConfig", "CalibrationData", "Fix", "FixRecord", "calibration_data", "data_record"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recurlen.evaluation.fixes.base import CalibrationData, Fix, FixRecord, calibration_data
+from recurlen.evaluation.fixes.base import CalibrationData, Fix, FixRecord, calibration_data, data_record
 from recurlen.evaluation.fixes.calibration import calibration_loss
 from recurlen.models.timescales import log_rate, mixers
 
@@ -90,8 +90,7 @@ class ForgetMore(Fix):
             if losses[memory] >= loss_before:  # no cap helps: the model as trained
                 memory = math.inf
             record = {"method": "grid", "steps": len(cfg.grid), "grid": cfg.grid,
-                      "data": {"sequences": int(data.shape[0]), "length": int(data.shape[1]),
-                               "rows": "the held-out sequences after the evaluation's"},
+                      "data": data_record(data),
                       "loss_before": loss_before, "loss_after": min(loss_before, losses[min(losses, key=losses.get)]),
                       "losses": [losses[m] for m in cfg.grid], "forward_passes": len(cfg.grid) + 1,
                       "seconds": time.perf_counter() - started}

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from recurlen.evaluation.fixes.base import CalibrationConfig, Fix, FixRecord, calibration_data
+from recurlen.evaluation.fixes.base import CalibrationConfig, Fix, FixRecord, calibration_data, data_record
 from recurlen.evaluation.fixes.calibration import calibration_loss, gradient_descent, spsa
 from recurlen.models.timescales import fold_A_scales, mixers, set_scales
 
@@ -95,8 +95,7 @@ class LayerScaleFix(Fix):
                 for p in frozen:
                     p.requires_grad_(True)
             record = {"method": cfg.method, "steps": cfg.steps, "seed": cfg.seed,
-                      "data": {"sequences": int(data.shape[0]), "length": int(data.shape[1]),
-                               "rows": "the held-out sequences after the evaluation's"}, **trace.to_dict()}
+                      "data": data_record(data), **trace.to_dict()}
         with torch.no_grad():
             put(theta)
         scales = [float(s) for s in theta.exp()]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from recurlen.evaluation.fixes.base import CalibrationData, Fix, FixRecord, calibration_data
+from recurlen.evaluation.fixes.base import CalibrationData, Fix, FixRecord, calibration_data, data_record
 from recurlen.evaluation.fixes.calibration import calibration_loss
 from recurlen.models.timescales import fold_A_scales, mixers, set_scales
 from recurlen.util.errors import UserError
@@ -178,15 +178,13 @@ class StuffedMamba(Fix):
             if losses[best] < loss_before:  # else no grid value helps: the given value stays
                 chosen[cfg.search] = grid[best]
             record = {"method": "grid", "steps": len(grid), "searched": cfg.search, "grid": grid,
-                      "data": {"sequences": int(data.shape[0]), "length": int(data.shape[1]),
-                               "rows": "the held-out sequences after the evaluation's"},
+                      "data": data_record(data),
                       "loss_before": loss_before, "loss_after": min(loss_before, losses[best]), "losses": losses}
         settle(chosen)
         caps = [m.state_norm_max for m in mixers(model)]
         if chosen["state_norm"] is not None and record is None:
             record = {"method": "state norms at T", "steps": 0, "position": train_len,
-                      "data": {"sequences": int(data.shape[0]), "length": train_len,
-                               "rows": "the held-out sequences after the evaluation's"},
+                      "data": data_record(data, length=train_len),
                       "loss_before": None, "loss_after": None, "losses": []}
         if record is not None:
             record.update(forward_passes=passes, seconds=time.perf_counter() - started)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from recurlen.evaluation.fixes.base import CalibrationData, Fix, FixRecord, calibration_data
+from recurlen.evaluation.fixes.base import CalibrationData, Fix, FixRecord, calibration_data, data_record
 from recurlen.evaluation.fixes.calibration import calibration_loss
 from recurlen.models.timescales import mixers, set_token_filter
 from recurlen.util.errors import UserError
@@ -178,8 +178,7 @@ class LongMamba(Fix):
             loss_after = float(calibration_loss(model, data, chunk_len=cfg.chunk_len, batch_size=cfg.sequences))
         record = {"method": "align targets", "windows": int(windows_WT.shape[0]), "window_len": train_len,
                   "target_len": target_len, "aggregate": cfg.aggregate,
-                  "data": {"sequences": int(data.shape[0]), "length": int(data.shape[1]),
-                           "rows": "the held-out sequences after the evaluation's"},
+                  "data": data_record(data),
                   "loss_before": loss_before, "loss_after": loss_after, "forward_calls": calls,
                   "forward_passes": 3,  # over the calibration tokens: once as windows, twice for the loss
                   "seconds": time.perf_counter() - started}
