@@ -17,25 +17,17 @@ import torch
 from recurlen.models.gated_deltanet import GatedDeltaNetConfig, GatedDeltaNetLM, GatedDeltaNetState
 from tests.models.decay_scale_kernel_checks import check_scaled_kernel_equals_torch
 
+# The unscaled kernel tests' shapes and interpreter fixture (autouse here too).
+from tests.models.gated_deltanet.test_gated_deltanet_kernels_cpu import (  # noqa: F401 (a fixture)
+    LENGTH,
+    NANO,
+    gated_delta_interpreter,
+)
+
 pytestmark = [pytest.mark.kernels]
 
-LENGTH = 77  # one full chunk of 64 and a partial one
 TOL = 1e-5  # tests/models/gated_deltanet/test_gated_deltanet_kernels_cpu.py's (logits, kv; gradients 1e-4)
 GRAD_TOL = 1e-4
-NANO = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16, intermediate_size=128, chunk_size=16)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gated_delta_interpreter(triton_cpu):
-    """fla's chunk_gated_delta_rule imported afresh under the interpreter (the loader's cache cleared around it)."""
-    from recurlen.models.gated_deltanet import kernels
-
-    kernels._chunk_gated_delta_rule.cache_clear()
-    found, why = kernels._chunk_gated_delta_rule()
-    if found is None:
-        pytest.fail(f"fla's chunk_gated_delta_rule does not import ({why}); make test-kernels installs fla-core")
-    yield
-    kernels._chunk_gated_delta_rule.cache_clear()
 
 
 def make_model(**fields) -> GatedDeltaNetLM:

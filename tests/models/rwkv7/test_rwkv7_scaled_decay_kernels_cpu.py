@@ -19,26 +19,16 @@ from recurlen.models.rwkv7 import RWKV7LM, RWKV7Config, RWKV7State, kernels
 from recurlen.models.rwkv7.scan import LOG_DECAY_FLOOR
 from tests.models.decay_scale_kernel_checks import check_scaled_kernel_equals_torch, run_scaled
 
+# The unscaled kernel tests' shapes, tolerances and interpreter fixture (autouse here too).
+from tests.models.rwkv7.test_rwkv7_kernels_cpu import (  # noqa: F401 (rwkv7_interpreter: a fixture)
+    GRAD_TOL,
+    KERNEL_TOL,
+    LENGTH,
+    NANO,
+    rwkv7_interpreter,
+)
+
 pytestmark = [pytest.mark.kernels]
-
-LENGTH = 70  # one full chunk of 64 and a partial one
-# tests/models/rwkv7/test_rwkv7_kernels_cpu.py's: fla's chunk_rwkv7 alone is ~2e-5 from the float64 recurrence
-KERNEL_TOL = 5e-4
-GRAD_TOL = 1e-3
-NANO = dict(hidden_size=64, num_hidden_layers=2, head_dim=16, decay_low_rank_dim=8, gate_low_rank_dim=16,
-            a_low_rank_dim=8, v_low_rank_dim=8, intermediate_size=128, chunk_size=16)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def rwkv7_interpreter(triton_cpu):
-    """fla's chunk_rwkv7 imported afresh under the interpreter (the loader's cache cleared around it)."""
-    kernels._chunk_rwkv7.cache_clear()
-    found, why = kernels._chunk_rwkv7()
-    if found is None:
-        pytest.fail(f"fla's chunk_rwkv7 does not import ({why}); make test-kernels installs fla-core")
-    yield
-    kernels._chunk_rwkv7.cache_clear()
-
 
 @pytest.fixture(scope="module")
 def unscaled():
