@@ -14,14 +14,14 @@ to chunk.
 import pytest
 import torch
 
-from recurlen.models.gated_deltanet import GatedDeltaNetConfig, GatedDeltaNetLM, GatedDeltaNetState
 from tests.models.decay_scale_kernel_checks import check_scaled_kernel_equals_torch
 
 # The unscaled kernel tests' shapes and interpreter fixture (autouse here too).
 from tests.models.gated_deltanet.test_gated_deltanet_kernels_cpu import (  # noqa: F401 (a fixture)
     LENGTH,
-    NANO,
     gated_delta_interpreter,
+    make_model,
+    noise_state,
 )
 
 pytestmark = [pytest.mark.kernels]
@@ -30,28 +30,12 @@ TOL = 1e-5  # tests/models/gated_deltanet/test_gated_deltanet_kernels_cpu.py's (
 GRAD_TOL = 1e-4
 
 
-def make_model(**fields) -> GatedDeltaNetLM:
-    """tests/models/gated_deltanet/test_gated_deltanet_kernels_cpu.py's model: slow decays, projections larger than
-    the init."""
-    torch.manual_seed(0)
-    model = GatedDeltaNetLM(GatedDeltaNetConfig(**{**NANO, **fields}), backend="torch").eval()
-    with torch.no_grad():
-        for block in model.model.layers:
-            block.attn.A_log.uniform_(-4.0, -2.0)
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj", "b_proj", "g_proj"):
-                getattr(block.attn, name).weight.mul_(8.0)
-    return model
-
-
 @pytest.mark.parametrize("s", [0.5, 8.0])
 @pytest.mark.parametrize("fields", [{}, dict(clamp_min=-0.002)], ids=["default", "clamped"])
 def test_scaled_kernel_path_equals_the_scaled_torch_path(close_scaled, fields, s):
     model = make_model(**fields)
     ids = torch.randint(0, 257, (1, LENGTH), generator=torch.Generator().manual_seed(2))
-    zero = model.zero_state(1)
-    g = torch.Generator().manual_seed(1)
-    init = GatedDeltaNetState(torch.randn(zero.kv.shape, generator=g) * 0.3,
-                              torch.randn(zero.conv.shape, generator=g) * 0.5)
+    init = noise_state(model, 1)
     with torch.no_grad():
         unscaled_logits, _ = model(ids, init, backend="kernel")
     check_scaled_kernel_equals_torch(model, ids, init, s, close=close_scaled, recurrent="kv", tol=TOL,
