@@ -106,8 +106,7 @@ def _label(run: dict) -> str:
     return run["label"]
 
 
-def demo_rows(base_name: str, runs: Sequence[dict], timings: dict | None = None,
-              steps: dict[str, int] | None = None) -> list[FieldRow]:
+def demo_rows(base_name: str, runs: Sequence[dict], timings: dict | None = None) -> list[FieldRow]:
     """Rows of one text base's evaluation: runs[0] is the base, then its post-trainings and fixes."""
     base = runs[0]
     rows = []
@@ -118,7 +117,7 @@ def demo_rows(base_name: str, runs: Sequence[dict], timings: dict | None = None,
         elif run.get("fix"):
             cost = fix_cost(run["fix"])
         else:
-            cost = post_cost(run["label"], timings, (steps or {}).get(run["label"]))
+            cost = post_cost(run["label"], timings, None)
         rows.append(FieldRow(base_name, _label(run), loss_words(verdict), worst_words(verdict),
                              context_words(run, base), NOT_JUDGED if run is base else "not judged", cost))
     return rows
